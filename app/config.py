@@ -1,0 +1,124 @@
+"""Pydantic models of the loraplex Serve application's arguments (the ``args:`` of a Serve config).
+
+``deploy/config.yaml`` (embedded CPU default), ``deploy/h200.yaml`` (production) and the Helm
+chart's ``serveConfigV2`` all feed these models through ``app.main:build_app``; nothing else
+reads the Serve config.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+EMBEDDED_MODEL = "embedded"
+EMBEDDED_MODEL_DIRNAME = "tiny-qwen3-moe"
+
+
+def loraplex_home() -> Path:
+    """The data directory: ``$LORAPLEX_HOME`` or ``~/.loraplex``."""
+    return Path(os.environ.get("LORAPLEX_HOME") or Path.home() / ".loraplex").expanduser()
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DeploymentOptions(_Strict):
+    """Ray Serve options of one deployment (passed to ``Deployment.options``)."""
+
+    num_replicas: int | Literal["auto"] | None = Field(
+        None, description="Fixed replica count; omit when autoscaling_config is set."
+    )
+    autoscaling_config: dict[str, Any] | None = Field(
+        None, description="Ray Serve autoscaling config (min_replicas, max_replicas, target_ongoing_requests, ...)."
+    )
+    max_ongoing_requests: int = Field(64, ge=1, description="Requests a replica accepts at once before Serve queues them.")
+    ray_actor_options: dict[str, Any] = Field(
+        default_factory=dict, description="Ray actor options: num_cpus, num_gpus, resources, runtime_env."
+    )
+    health_check_period_s: float | None = Field(None, description="Seconds between replica health checks.")
+    health_check_timeout_s: float | None = Field(None, description="Seconds before a health check fails.")
+
+    def serve_options(self) -> dict[str, Any]:
+        """The non-empty fields as keyword arguments for ``Deployment.options``."""
+        return {k: v for k, v in self.model_dump().items() if v not in (None, {})}
+
+
+class EngineConfig(_Strict):
+    """The vLLM engine one replica runs: base model, LoRA capacity, and resource settings."""
+
+    model: str = Field(
+        EMBEDDED_MODEL,
+        description="Base model: a local Hugging Face folder, a hub id resolvable offline, or 'embedded' "
+        "for the tiny Qwen3-MoE that `loraplex init` builds under $LORAPLEX_HOME/models/.",
+    )
+    served_model_name: str = Field("loraplex-base", description="Name clients use in `model` for the base model without adapter.")
+    tokenizer: str | None = Field(None, description="Tokenizer path when it differs from the model folder.")
+    dtype: str = Field("auto", description="vLLM dtype: auto, float32, bfloat16, float16.")
+    quantization: str | None = Field(None, description="vLLM quantization method (None: as the checkpoint says, e.g. MXFP4 for GPT-OSS).")
+    load_format: str = Field("auto", description="vLLM load format; 'dummy' gives random weights for benchmarks.")
+    max_model_len: int | None = Field(None, ge=16, description="Context length; None: the model's.")
+    max_num_seqs: int = Field(64, ge=1, description="Sequences decoded together per step.")
+    max_num_batched_tokens: int | None = Field(None, ge=16, description="Token budget per scheduler step.")
+    max_loras: int = Field(4, ge=1, description="Adapters active in one batch (vLLM's GPU LoRA slots).")
+    max_cpu_loras: int = Field(8, ge=1, description="Adapters registered with the engine at once: the replica's residency capacity.")
+    max_lora_rank: int = Field(64, ge=1, le=512, description="Largest adapter rank the engine accepts.")
+    lora_target_modules: list[str] | None = Field(
+        None, description="Restrict LoRA to these module names (None: every module an adapter targets)."
+    )
+    enforce_eager: bool = Field(False, description="Disable CUDA graphs / compilation.")
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="Fraction of GPU memory vLLM may take (GPU only).")
+    tensor_parallel_size: int = Field(1, ge=1, description="GPUs per replica (tensor parallelism).")
+    cpu_kvcache_space_gib: int | None = Field(
+        None, ge=1, description="KV cache size on the CPU backend (sets VLLM_CPU_KVCACHE_SPACE)."
+    )
+    moe_lora_plugin: bool = Field(True, description="loraplex's MoE-LoRA kernels on (the vLLM plugin switch).")
+    seed: int = Field(0, description="Engine sampling seed.")
+    extra_engine_args: dict[str, Any] = Field(
+        default_factory=dict, description="Further vLLM AsyncEngineArgs fields, passed through unchanged."
+    )
+
+    def resolved_model(self) -> str:
+        """The model path vLLM loads (``embedded`` → the folder built by ``loraplex init``)."""
+        if self.model == EMBEDDED_MODEL:
+            return str(loraplex_home() / "models" / EMBEDDED_MODEL_DIRNAME)
+        return self.model
+
+    @model_validator(mode="after")
+    def _check_loras(self) -> "EngineConfig":
+        if self.max_cpu_loras < self.max_loras:
+            raise ValueError("max_cpu_loras must be >= max_loras (vLLM requires it)")
+        return self
+
+
+class AppConfig(_Strict):
+    """Arguments of ``app.main:build_app``: the whole loraplex Serve application."""
+
+    store_uri: str | None = Field(
+        None, description="Adapter store: file:///path or s3://bucket/prefix (None: $LORAPLEX_HOME/store)."
+    )
+    s3_endpoint_url: str | None = Field(
+        None, description="S3 endpoint override (else AWS_ENDPOINT_URL, else AWS's default)."
+    )
+    tenants_file: str | None = Field(None, description="Tenants YAML (None: $LORAPLEX_HOME/tenants.yaml); reloaded on change.")
+    cache_dir: str | None = Field(None, description="Local adapter disk cache (None: $LORAPLEX_HOME/cache).")
+    cache_max_bytes: int = Field(20 * 2**30, ge=1, description="Disk cache bound in bytes (LRU beyond it).")
+    engine: EngineConfig = Field(default_factory=EngineConfig, description="The vLLM engine of each replica.")
+    engine_deployment: DeploymentOptions = Field(
+        default_factory=lambda: DeploymentOptions(num_replicas=1), description="Serve options of the engine deployment."
+    )
+    gateway_deployment: DeploymentOptions = Field(
+        default_factory=lambda: DeploymentOptions(num_replicas=1), description="Serve options of the gateway (ingress)."
+    )
+
+    def resolved_store_uri(self) -> str:
+        return self.store_uri or (loraplex_home() / "store").resolve().as_uri()
+
+    def resolved_tenants_file(self) -> Path:
+        return Path(self.tenants_file).expanduser() if self.tenants_file else loraplex_home() / "tenants.yaml"
+
+    def resolved_cache_dir(self) -> Path:
+        return Path(self.cache_dir).expanduser() if self.cache_dir else loraplex_home() / "cache"

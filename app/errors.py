@@ -1,0 +1,90 @@
+"""Typed errors of the serving path and their one mapping to HTTP responses (OpenAI error shape).
+
+Every error the gateway returns goes through ``error_response``: registry errors carry their own
+``http_status``; vLLM's ``ErrorResponse`` objects are passed through with their code.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi.responses import JSONResponse
+
+
+class LoraplexError(Exception):
+    """Base class: ``http_status`` and an OpenAI-style ``error_type``; the message says what to fix."""
+
+    http_status = 500
+    error_type = "internal_error"
+
+    def __init__(self, message: str, *, retry_after_s: float | None = None):
+        super().__init__(message)
+        self.message = message
+        self.retry_after_s = retry_after_s
+
+
+class Unauthorized(LoraplexError):
+    http_status = 401
+    error_type = "authentication_error"
+
+
+class Forbidden(LoraplexError):
+    http_status = 403
+    error_type = "permission_error"
+
+
+class NotFound(LoraplexError):
+    http_status = 404
+    error_type = "not_found_error"
+
+
+class BadRequest(LoraplexError):
+    http_status = 400
+    error_type = "invalid_request_error"
+
+
+class RateLimited(LoraplexError):
+    http_status = 429
+    error_type = "rate_limit_error"
+
+
+class Overloaded(LoraplexError):
+    http_status = 503
+    error_type = "overloaded_error"
+
+
+class NotReady(LoraplexError):
+    http_status = 503
+    error_type = "not_ready"
+
+
+def error_body(status: int, message: str, error_type: str) -> dict[str, Any]:
+    """The OpenAI error JSON: ``{"error": {"message", "type", "code"}}``."""
+    return {"error": {"message": message, "type": error_type, "code": status}}
+
+
+def error_response(exc: Exception) -> JSONResponse:
+    """Maps any exception of the serving path to a JSON error response."""
+    status = getattr(exc, "http_status", 500)
+    error_type = getattr(exc, "error_type", None) or _type_for_status(status)
+    message = getattr(exc, "message", None) or str(exc) or exc.__class__.__name__
+    if status >= 500 and not isinstance(exc, LoraplexError) and not hasattr(exc, "http_status"):
+        message = f"internal error: {exc.__class__.__name__}: {message}"
+    headers = {}
+    retry = getattr(exc, "retry_after_s", None)
+    if retry is not None:
+        headers["Retry-After"] = str(max(1, int(round(retry))))
+    return JSONResponse(error_body(status, message, error_type), status_code=status, headers=headers)
+
+
+def _type_for_status(status: int) -> str:
+    return {
+        400: "invalid_request_error",
+        401: "authentication_error",
+        403: "permission_error",
+        404: "not_found_error",
+        409: "conflict_error",
+        422: "invalid_request_error",
+        429: "rate_limit_error",
+        503: "overloaded_error",
+    }.get(status, "internal_error")

@@ -1,0 +1,128 @@
+"""Tenants: hashed API keys → tenant, their adapter grants, budgets and priority.
+
+The tenants file is YAML (in production mounted from a Kubernetes Secret). ``TenantDirectory``
+re-reads it when its modification time changes, so keys can be added without a restart; a file
+that fails to parse keeps the last good table (and logs why).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import os
+import secrets
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, Field, field_validator
+
+from app.errors import Unauthorized
+
+logger = logging.getLogger(__name__)
+KEY_PREFIX = "lpx-"
+
+
+def hash_key(api_key: str) -> str:
+    """sha256 hex digest of an API key (the only form stored)."""
+    return hashlib.sha256(api_key.encode()).hexdigest()
+
+
+def new_api_key() -> str:
+    """A fresh random API key (shown once, stored hashed)."""
+    return KEY_PREFIX + secrets.token_urlsafe(24)
+
+
+class Tenant(BaseModel):
+    """One tenant of the platform."""
+
+    name: str = Field(description="Tenant name; adapters' owner_tenant refers to it.", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+    key_sha256: list[str] = Field(default_factory=list, description="sha256 hex digests of the tenant's API keys.")
+    adapters: list[str] = Field(default_factory=list, description="Adapters granted beyond those the tenant owns.")
+    operator: bool = Field(False, description="May use the admin API and every adapter.")
+    priority: int = Field(1, ge=0, le=10, description="Fair-share weight under contention (higher first).")
+    max_concurrency: int = Field(16, ge=1, description="Requests in flight at once before 429.")
+    tokens_per_minute: int | None = Field(None, ge=1, description="Token budget per minute (prompt + completion); None: unlimited.")
+
+    @field_validator("key_sha256")
+    @classmethod
+    def _hex(cls, v: list[str]) -> list[str]:
+        for h in v:
+            if len(h) != 64 or any(c not in "0123456789abcdef" for c in h):
+                raise ValueError("key_sha256 entries must be lowercase sha256 hex digests")
+        return v
+
+    def may_use(self, adapter_id: str, owner_tenant: str) -> bool:
+        """Whether this tenant may call the adapter."""
+        return self.operator or owner_tenant == self.name or adapter_id in self.adapters
+
+
+class TenantsFile(BaseModel):
+    """The tenants YAML document."""
+
+    tenants: list[Tenant] = Field(default_factory=list, description="All tenants.")
+
+    @classmethod
+    def read(cls, path: Path) -> "TenantsFile":
+        data = yaml.safe_load(path.read_text()) if path.exists() else None
+        return cls.model_validate(data or {})
+
+    def write(self, path: Path) -> None:
+        """Atomic write (temp + rename), mode 0600: the file holds key hashes."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False))
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
+
+    def add_key(self, name: str, **fields) -> str:
+        """Adds a key to tenant ``name`` (created if new); returns the new plaintext key."""
+        key = new_api_key()
+        for t in self.tenants:
+            if t.name == name:
+                t.key_sha256.append(hash_key(key))
+                return key
+        self.tenants.append(Tenant(name=name, key_sha256=[hash_key(key)], **fields))
+        return key
+
+
+class TenantDirectory:
+    """Authenticates API keys against the tenants file, reloading it when it changes."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._mtime: float | None = None
+        self._by_hash: dict[str, Tenant] = {}
+        self._by_name: dict[str, Tenant] = {}
+        self.reload_if_changed()
+
+    def reload_if_changed(self) -> None:
+        try:
+            mtime = self.path.stat().st_mtime
+        except FileNotFoundError:
+            mtime = None
+        if mtime == self._mtime:
+            return
+        try:
+            doc = TenantsFile.read(self.path)
+        except Exception as exc:  # keep the last good table
+            logger.error("tenants file %s not reloaded: %s", self.path, exc)
+            return
+        self._by_hash = {h: t for t in doc.tenants for h in t.key_sha256}
+        self._by_name = {t.name: t for t in doc.tenants}
+        self._mtime = mtime
+
+    def authenticate(self, authorization: str | None) -> Tenant:
+        """``Authorization: Bearer <key>`` → Tenant, or Unauthorized (401)."""
+        self.reload_if_changed()
+        if not authorization or not authorization.lower().startswith("bearer "):
+            raise Unauthorized("missing API key: send 'Authorization: Bearer <key>'")
+        digest = hash_key(authorization[7:].strip())
+        for h, tenant in self._by_hash.items():
+            if hmac.compare_digest(h, digest):
+                return tenant
+        raise Unauthorized("invalid API key")
+
+    def get(self, name: str) -> Tenant | None:
+        self.reload_if_changed()
+        return self._by_name.get(name)

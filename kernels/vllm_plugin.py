@@ -1,0 +1,48 @@
+"""loraplex's vLLM general plugin (entry point group ``vllm.general_plugins``).
+
+vLLM loads it in every process it starts (engine core, workers). One switch,
+``LORAPLEX_MOE_LORA`` (``1``/unset: on, ``0``: off), turns loraplex's MoE-LoRA path on:
+
+- CPU platform: ``kernels.vllm_cpu.install()`` keeps vLLM-CPU's native experts when LoRA is
+  enabled and applies expert LoRA through the PyTorch CPU path (vLLM-CPU has none).
+- CUDA platform: ``kernels.vllm_cuda.install()`` replaces vLLM's ``fused_moe_lora`` with
+  loraplex's Triton kernels.
+
+Each ``install`` checks the installed vLLM version and refuses (raises) on one it was not written
+for, so a mismatch fails loudly at engine start instead of serving wrong outputs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+SWITCH_ENV = "LORAPLEX_MOE_LORA"
+logger = logging.getLogger(__name__)
+_installed = False
+
+
+def enabled() -> bool:
+    """True unless the switch is set to a false value (``0``, ``false``, ``off``, ``no``)."""
+    return os.environ.get(SWITCH_ENV, "1").strip().lower() not in {"0", "false", "off", "no"}
+
+
+def register() -> None:
+    """vLLM plugin hook: idempotent; installs the path for the current platform when enabled."""
+    global _installed
+    if _installed or not enabled():
+        return
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu():
+        from kernels import vllm_cpu
+
+        vllm_cpu.install()
+    elif current_platform.is_cuda():
+        from kernels import vllm_cuda
+
+        vllm_cuda.install()
+    else:
+        logger.warning("loraplex MoE-LoRA: platform %s not supported", current_platform)
+        return
+    _installed = True
