@@ -1,0 +1,147 @@
+"""Sorts the (token, expert) rows of a MoE layer into (adapter, expert) blocks for the LoRA kernels.
+
+One Triton program (a single CTA) does a counting sort on the device, so the whole step is one
+launch whose grid does not depend on the data (CUDA-graph safe) and whose integer arguments that
+vary with the batch are not specialised (no recompilation per sequence length).
+
+Notation: M tokens, K experts per token (top-k), n = M*K rows (row ``t*K + k`` is token t's k-th
+expert, the row order of vLLM's ``intermediate_cache`` tensors), L adapter slots, E experts,
+P = L*E (adapter, expert) pairs, BM rows per block.
+
+Output (``MoELoRABlocks``), for the kernels in ``kernels/triton_moe_lora.py``:
+
+- ``sorted_rows [max_blocks*BM]`` int32: block b owns ``sorted_rows[b*BM : b*BM + nrows[b]]``,
+  the rows of one (adapter, expert) pair; entries past ``nrows[b]`` are not written.
+- ``block_pair [max_blocks]``: ``adapter*E + expert`` of block b (valid for b < num_blocks).
+- ``block_nrows [max_blocks]``: valid rows of block b, 1..BM.
+- ``num_blocks [1]``: blocks in use; programs of the LoRA kernels with a larger block index exit
+  at once, so a batch without MoE-LoRA tokens costs only the launches.
+
+Rows of tokens without an adapter (``token_lora == -1``), of slots whose ``enabled`` entry is 0
+(an adapter without expert LoRA) and of experts < 0 (not local under expert parallelism) are in
+no block.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+
+@dataclass
+class MoELoRABlocks:
+    """Block layout of one batch; shapes in the module doc. Reused by the gate_up and down ops."""
+
+    sorted_rows: torch.Tensor
+    block_pair: torch.Tensor
+    block_nrows: torch.Tensor
+    num_blocks: torch.Tensor
+    max_blocks: int
+    block_m: int
+    num_rows: int
+    top_k: int
+    num_experts: int
+
+
+def max_num_blocks(num_rows: int, num_pairs: int, block_m: int) -> int:
+    """Upper bound of the blocks any routing of ``num_rows`` rows over ``num_pairs`` pairs needs."""
+    if num_rows == 0:
+        return 0
+    return min(num_rows, triton.cdiv(num_rows, block_m) + min(num_rows, num_pairs) - 1)
+
+
+@triton.jit
+def _row_keys(topk_ids_ptr, token_lora_ptr, enabled_ptr, rows, num_rows, top_k, num_experts,
+              INVALID: tl.constexpr):
+    """Pair key ``adapter*E + expert`` of each row, INVALID for rows without expert LoRA."""
+    in_range = rows < num_rows
+    expert = tl.load(topk_ids_ptr + rows, mask=in_range, other=-1)
+    slot = tl.load(token_lora_ptr + rows // top_k, mask=in_range, other=-1)
+    has_slot = in_range & (slot >= 0)
+    enabled = tl.load(enabled_ptr + slot, mask=has_slot, other=0)
+    valid = has_slot & (enabled != 0) & (expert >= 0)
+    return tl.where(valid, slot * num_experts + expert, INVALID), valid
+
+
+@triton.jit(do_not_specialize=["num_rows"])
+def _moe_lora_align_kernel(
+    topk_ids_ptr, token_lora_ptr, enabled_ptr, num_rows, top_k, num_experts,
+    cursor_ptr, sorted_rows_ptr, block_pair_ptr, block_nrows_ptr, num_blocks_ptr,
+    PAIRS_P2: tl.constexpr, CHUNK: tl.constexpr, BM: tl.constexpr,
+):
+    pairs = tl.arange(0, PAIRS_P2)
+    invalid: tl.constexpr = PAIRS_P2 - 1
+    counts = tl.zeros([PAIRS_P2], dtype=tl.int32)
+    for start in range(0, num_rows, CHUNK):
+        rows = start + tl.arange(0, CHUNK)
+        key, _ = _row_keys(topk_ids_ptr, token_lora_ptr, enabled_ptr, rows, num_rows, top_k,
+                           num_experts, invalid)
+        counts += tl.histogram(key, PAIRS_P2)
+    counts = tl.where(pairs < invalid, counts, 0)
+    nblk = (counts + BM - 1) // BM
+    blk_end = tl.cumsum(nblk, 0)
+    blk_start = blk_end - nblk
+    tl.store(num_blocks_ptr, tl.sum(nblk, 0))
+    tl.store(cursor_ptr + pairs, blk_start * BM)
+    most = tl.max(nblk, 0)
+    for j in range(0, most):
+        has = j < nblk
+        tl.store(block_pair_ptr + blk_start + j, pairs, mask=has)
+        tl.store(block_nrows_ptr + blk_start + j, tl.minimum(counts - j * BM, BM), mask=has)
+    tl.debug_barrier()
+    for start in range(0, num_rows, CHUNK):
+        rows = start + tl.arange(0, CHUNK)
+        key, valid = _row_keys(topk_ids_ptr, token_lora_ptr, enabled_ptr, rows, num_rows, top_k,
+                               num_experts, invalid)
+        pos = tl.atomic_add(cursor_ptr + key, 1, mask=valid, sem="relaxed")
+        tl.store(sorted_rows_ptr + pos, rows, mask=valid)
+
+
+def align_moe_lora(
+    topk_ids: torch.Tensor,
+    token_lora: torch.Tensor,
+    enabled: torch.Tensor,
+    num_experts: int,
+    block_m: int,
+) -> MoELoRABlocks:
+    """Sorts rows into (adapter, expert) blocks.
+
+    Args:
+        topk_ids: ``[M, K]`` expert of each row (int32; -1 = not local).
+        token_lora: ``[>=M]`` int32 adapter slot of each token, -1 for none.
+        enabled: ``[>=L]`` int32/bool, nonzero where the slot carries expert LoRA.
+        num_experts: E (local experts).
+        block_m: BM, rows per block (a power of two >= 16).
+    """
+    num_tokens, top_k = topk_ids.shape
+    num_rows = num_tokens * top_k
+    num_slots = enabled.shape[0]
+    num_pairs = num_slots * num_experts
+    pairs_p2 = triton.next_power_of_2(num_pairs + 1)
+    max_blocks = max_num_blocks(num_rows, num_pairs, block_m)
+    dev = topk_ids.device
+    if enabled.dtype != torch.int32:
+        enabled = enabled.to(torch.int32)
+    ids = topk_ids if topk_ids.dtype == torch.int32 else topk_ids.to(torch.int32)
+    ids = ids.contiguous()
+    ints = torch.empty(pairs_p2 + 1 + 2 * max_blocks + max_blocks * block_m, dtype=torch.int32,
+                       device=dev)
+    cursor = ints[:pairs_p2]
+    num_blocks = ints[pairs_p2 : pairs_p2 + 1]
+    block_pair = ints[pairs_p2 + 1 : pairs_p2 + 1 + max_blocks]
+    block_nrows = ints[pairs_p2 + 1 + max_blocks : pairs_p2 + 1 + 2 * max_blocks]
+    sorted_rows = ints[pairs_p2 + 1 + 2 * max_blocks :]
+    if num_rows == 0:
+        num_blocks.zero_()
+    else:
+        chunk = min(4096, max(16, triton.next_power_of_2(num_rows)))
+        _moe_lora_align_kernel[(1,)](
+            ids, token_lora, enabled, num_rows, top_k, num_experts,
+            cursor, sorted_rows, block_pair, block_nrows, num_blocks,
+            PAIRS_P2=pairs_p2, CHUNK=chunk, BM=block_m, num_warps=4 if chunk <= 1024 else 8,
+        )
+    return MoELoRABlocks(sorted_rows, block_pair, block_nrows, num_blocks, max_blocks, block_m,
+                         num_rows, top_k, num_experts)

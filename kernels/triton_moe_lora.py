@@ -1,0 +1,293 @@
+"""Triton kernels for the four LoRA ops of a MoE layer: gate_up shrink/expand, down shrink/expand.
+
+Rows are sorted into (adapter, expert) blocks by ``kernels.moe_lora_align`` (one launch); then
+
+- shrink: ``part[s, b*BM + i, slice*RP + j] = sum_{k in split s} x[row_i, k] * A[a, e, j, k]``
+  (fp32 partial sums, one per split-K part: no atomics, no zero-fill, deterministic),
+- expand: ``y[row_i, slice*N + n] += scale_a * (w_row) * sum_j (sum_s part[s, ...]) * B[a, e, n, j]``
+  (the split-K reduction is done while loading the expand's left operand; the add is fused).
+
+Layouts (vLLM's MoE-LoRA stacks, and ``kernels/reference.py``):
+``A [L, E, r, in]``, ``B [L, E, N, r]``; ``x`` is ``[M, H]`` for gate_up (row ``t*K+k`` reads token
+t) or ``[M*K, I]`` for down; ``y`` is ``[M*K, S*N]`` (``intermediate_cache1/3`` viewed 2-D). A
+projection may come in S = 1 or 2 slices (vLLM's per-expert gate/up stacks: separate A and B per
+slice, slice s writing columns ``[s*N, (s+1)*N)``); the reference's shared-A gate_up is S = 1.
+
+Every kernel: grids depend only on M (CUDA-graph safe), batch-dependent integers are
+``do_not_specialize``, programs of unused blocks exit at once (early exit for batches without
+MoE-LoRA), EVEN_K / EVEN_R drop masks, and the expand can be launched with programmatic
+dependent launch (PDL) so its B tiles load while the shrink finishes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.moe_lora_align import MoELoRABlocks, align_moe_lora
+from kernels.triton_moe_lora_configs import OpConfig, get_layer_config
+
+
+@triton.jit(do_not_specialize=["k_per_split"])
+def _moe_lora_shrink_kernel(
+    x_ptr, a0_ptr, a1_ptr, part_ptr,
+    sorted_rows_ptr, block_pair_ptr, block_nrows_ptr, num_blocks_ptr,
+    in_features, rank, num_experts, x_row_div, k_per_split,
+    stride_xm, stride_al, stride_ae, stride_ar,
+    stride_ps, stride_pm,
+    BM: tl.constexpr, RP: tl.constexpr, BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr, EVEN_R: tl.constexpr, NUM_SLICES: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
+    pid_b = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    pid_slice = tl.program_id(2)
+    if USE_PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+    if pid_b >= tl.load(num_blocks_ptr):
+        return
+    pair = tl.load(block_pair_ptr + pid_b)
+    nrows = tl.load(block_nrows_ptr + pid_b)
+    slot = pair // num_experts
+    expert = pair % num_experts
+    offs_m = tl.arange(0, BM)
+    row_ok = offs_m < nrows
+    rows = tl.load(sorted_rows_ptr + pid_b * BM + offs_m, mask=row_ok, other=0)
+    x_rows = (rows // x_row_div).to(tl.int64)
+    offs_r = tl.arange(0, RP)
+    a_base = a0_ptr
+    if NUM_SLICES == 2:
+        if pid_slice == 1:
+            a_base = a1_ptr
+    a_base += slot.to(tl.int64) * stride_al + expert.to(tl.int64) * stride_ae
+    k_start = pid_s * k_per_split
+    offs_k = k_start + tl.arange(0, BLOCK_K)
+    x_ptrs = x_ptr + x_rows[:, None] * stride_xm + offs_k[None, :]
+    a_ptrs = a_base + offs_r[:, None] * stride_ar + offs_k[None, :]
+    acc = tl.zeros([BM, RP], dtype=tl.float32)
+    for k in range(k_start, k_start + k_per_split, BLOCK_K):
+        if EVEN_K:
+            xt = tl.load(x_ptrs, mask=row_ok[:, None], other=0.0)
+            if EVEN_R:
+                at = tl.load(a_ptrs)
+            else:
+                at = tl.load(a_ptrs, mask=offs_r[:, None] < rank, other=0.0)
+        else:
+            k_ok = (k + tl.arange(0, BLOCK_K)) < in_features
+            xt = tl.load(x_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            at = tl.load(a_ptrs, mask=(offs_r[:, None] < rank) & k_ok[None, :], other=0.0)
+        acc += tl.dot(xt, tl.trans(at))
+        x_ptrs += BLOCK_K
+        a_ptrs += BLOCK_K
+    p_ptrs = (part_ptr + pid_s * stride_ps + (pid_b * BM + offs_m)[:, None] * stride_pm
+              + pid_slice * RP + offs_r[None, :])
+    tl.store(p_ptrs, acc, mask=row_ok[:, None])
+
+
+@triton.jit
+def _moe_lora_expand_kernel(
+    y_ptr, b0_ptr, b1_ptr, part_ptr, scale_ptr, topk_w_ptr,
+    sorted_rows_ptr, block_pair_ptr, block_nrows_ptr, num_blocks_ptr,
+    out_features, rank, num_experts,
+    stride_ym, stride_bl, stride_be, stride_bn,
+    stride_ps, stride_pm,
+    BM: tl.constexpr, RP: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
+    EVEN_N: tl.constexpr, EVEN_R: tl.constexpr, NUM_SLICES: tl.constexpr,
+    HAS_SCALE: tl.constexpr, MUL_ROUTED_WEIGHT: tl.constexpr, ADD_INPUTS: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_b = tl.program_id(1)
+    pid_slice = tl.program_id(2)
+    offs_r = tl.arange(0, RP)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < out_features
+    # the block table comes from the align kernel, finished before the shrink started, so it and
+    # the B tile load before the wait for the shrink's partial sums (PDL overlap)
+    if pid_b >= tl.load(num_blocks_ptr):
+        return
+    pair = tl.load(block_pair_ptr + pid_b)
+    nrows = tl.load(block_nrows_ptr + pid_b)
+    slot = pair // num_experts
+    expert = pair % num_experts
+    b_base = b0_ptr
+    if NUM_SLICES == 2:
+        if pid_slice == 1:
+            b_base = b1_ptr
+    b_base += slot.to(tl.int64) * stride_bl + expert.to(tl.int64) * stride_be
+    b_ptrs = b_base + offs_r[:, None] + offs_n[None, :] * stride_bn
+    if EVEN_N and EVEN_R:
+        bt = tl.load(b_ptrs)
+    else:
+        bt = tl.load(b_ptrs, mask=(offs_r[:, None] < rank) & n_ok[None, :], other=0.0)
+    offs_m = tl.arange(0, BM)
+    row_ok = offs_m < nrows
+    rows = tl.load(sorted_rows_ptr + pid_b * BM + offs_m, mask=row_ok, other=0)
+    p_ptrs = part_ptr + (pid_b * BM + offs_m)[:, None] * stride_pm + pid_slice * RP + offs_r[None, :]
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+    inter = tl.load(p_ptrs, mask=row_ok[:, None], other=0.0)
+    for s in tl.static_range(1, SPLIT_K):
+        inter += tl.load(p_ptrs + s * stride_ps, mask=row_ok[:, None], other=0.0)
+    acc = tl.dot(inter.to(bt.dtype), bt)
+    if HAS_SCALE:
+        acc *= tl.load(scale_ptr + slot).to(tl.float32)
+    if MUL_ROUTED_WEIGHT:
+        w = tl.load(topk_w_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
+        acc *= w[:, None]
+    y_ptrs = y_ptr + rows.to(tl.int64)[:, None] * stride_ym + (pid_slice * out_features + offs_n)[None, :]
+    if EVEN_N:
+        y_mask = row_ok[:, None]
+    else:
+        y_mask = row_ok[:, None] & n_ok[None, :]
+    if ADD_INPUTS:
+        acc += tl.load(y_ptrs, mask=y_mask, other=0.0).to(tl.float32)
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=y_mask)
+
+
+def _as_slices(w: torch.Tensor | Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    return (w,) if isinstance(w, torch.Tensor) else tuple(w)
+
+
+def _rank_pad(rank: int) -> int:
+    return max(16, triton.next_power_of_2(rank))
+
+
+def _pdl_ok(t: torch.Tensor) -> bool:
+    return t.is_cuda and torch.cuda.get_device_capability(t.device)[0] >= 9
+
+
+def moe_lora_shrink(
+    x: torch.Tensor,
+    lora_a: torch.Tensor | Sequence[torch.Tensor],
+    blocks: MoELoRABlocks,
+    x_row_div: int,
+    cfg: OpConfig,
+    use_pdl: bool = False,
+) -> torch.Tensor:
+    """Shrink: ``x [rows_in, in]`` with ``A [L, E, r, in]`` per slice → fp32 partials
+    ``[split_k, max_blocks*BM, S*RP]`` (RP = rank padded to a power of two >= 16).
+
+    ``x_row_div``: row ``t*K+k`` reads ``x[(t*K+k) // x_row_div]`` (K for gate_up, 1 for down).
+    """
+    a = _as_slices(lora_a)
+    num_slices = len(a)
+    rank, in_features = a[0].shape[-2], a[0].shape[-1]
+    rp = _rank_pad(rank)
+    bm = blocks.block_m
+    block_k = min(cfg.block_k, max(16, triton.next_power_of_2(in_features)))
+    n_k_blocks = triton.cdiv(in_features, block_k)
+    split_k = max(1, min(cfg.split_k, n_k_blocks))
+    k_per_split = triton.cdiv(n_k_blocks, split_k) * block_k
+    split_k = triton.cdiv(in_features, k_per_split)
+    even_k = in_features % block_k == 0 and k_per_split * split_k == in_features
+    part = torch.empty(split_k, blocks.max_blocks * bm, num_slices * rp, dtype=torch.float32,
+                       device=x.device)
+    if blocks.max_blocks == 0:
+        return part
+    assert x.stride(-1) == 1 and all(t.stride(-1) == 1 for t in a)
+    grid = (blocks.max_blocks, split_k, num_slices)
+    extra = {"launch_pdl": True} if use_pdl else {}
+    _moe_lora_shrink_kernel[grid](
+        x, a[0], a[-1], part,
+        blocks.sorted_rows, blocks.block_pair, blocks.block_nrows, blocks.num_blocks,
+        in_features, rank, blocks.num_experts, x_row_div, k_per_split,
+        x.stride(0), a[0].stride(0), a[0].stride(1), a[0].stride(2),
+        part.stride(0), part.stride(1),
+        BM=bm, RP=rp, BLOCK_K=block_k, EVEN_K=even_k, EVEN_R=rank == rp,
+        NUM_SLICES=num_slices, USE_PDL=use_pdl,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra,
+    )
+    return part
+
+
+def moe_lora_expand(
+    y: torch.Tensor,
+    part: torch.Tensor,
+    lora_b: torch.Tensor | Sequence[torch.Tensor],
+    blocks: MoELoRABlocks,
+    cfg: OpConfig,
+    scaling: torch.Tensor | None = None,
+    topk_weights: torch.Tensor | None = None,
+    add_inputs: bool = True,
+    use_pdl: bool = False,
+) -> None:
+    """Expand with the add fused: ``y [M*K, S*N] (+)= scale * w_row * part @ B^T`` per slice.
+
+    ``B [L, E, N, r]`` per slice; ``scaling [L]`` (None: 1, vLLM folds it into B);
+    ``topk_weights [M, K]`` multiplies row ``t*K+k`` by its routing weight (down proj) when given.
+    With ``add_inputs=False`` the rows of the blocks are overwritten (other rows untouched).
+    """
+    b = _as_slices(lora_b)
+    num_slices = len(b)
+    out_features, rank = b[0].shape[-2], b[0].shape[-1]
+    rp = _rank_pad(rank)
+    if blocks.max_blocks == 0:
+        return
+    assert y.stride(-1) == 1 and all(t.stride(-1) == 1 for t in b)
+    assert y.shape[-1] == num_slices * out_features
+    block_n = min(cfg.block_n, max(16, triton.next_power_of_2(out_features)))
+    grid = (triton.cdiv(out_features, block_n), blocks.max_blocks, num_slices)
+    tw = topk_weights.reshape(-1) if topk_weights is not None else part
+    extra = {"launch_pdl": True} if use_pdl else {}
+    _moe_lora_expand_kernel[grid](
+        y, b[0], b[-1], part, scaling if scaling is not None else part, tw,
+        blocks.sorted_rows, blocks.block_pair, blocks.block_nrows, blocks.num_blocks,
+        out_features, rank, blocks.num_experts,
+        y.stride(0), b[0].stride(0), b[0].stride(1), b[0].stride(2),
+        part.stride(0), part.stride(1),
+        BM=blocks.block_m, RP=rp, BLOCK_N=block_n, SPLIT_K=part.shape[0],
+        EVEN_N=out_features % block_n == 0, EVEN_R=rank == rp, NUM_SLICES=num_slices,
+        HAS_SCALE=scaling is not None, MUL_ROUTED_WEIGHT=topk_weights is not None,
+        ADD_INPUTS=add_inputs, USE_PDL=use_pdl,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra,
+    )
+
+
+class MoELoRAOps:
+    """The four ops of one MoE layer for one batch, sharing one block layout.
+
+    ``topk_ids [M, K]``, ``token_lora [>=M]`` (-1: no adapter), ``enabled [L]`` (expert LoRA per
+    slot). The config comes from ``kernels/configs`` for this device and shape (or defaults).
+    """
+
+    def __init__(
+        self,
+        topk_ids: torch.Tensor,
+        token_lora: torch.Tensor,
+        enabled: torch.Tensor,
+        num_experts: int,
+        hidden: int,
+        intermediate: int,
+        rank: int,
+        num_slots: int,
+        config: dict | None = None,
+        use_pdl: bool | None = None,
+    ) -> None:
+        m, k = topk_ids.shape
+        self.cfg = config or get_layer_config(
+            m, hidden=hidden, intermediate=intermediate, num_experts=num_experts, top_k=k,
+            rank=rank, num_slots=num_slots, device=topk_ids.device,
+        )
+        self.use_pdl = (_pdl_ok(topk_ids) and bool(self.cfg.get("pdl", False))
+                        if use_pdl is None else use_pdl)
+        self.blocks = align_moe_lora(topk_ids, token_lora, enabled, num_experts,
+                                     int(self.cfg["block_m"]))
+
+    def add_w13(self, y13: torch.Tensor, x: torch.Tensor, a13, b13,
+                scaling: torch.Tensor | None = None, add_inputs: bool = True) -> None:
+        """gate_up: ``y13 [M*K, 2I] (+)= scale * (x A13^T) B13^T`` for rows with expert LoRA."""
+        part = moe_lora_shrink(x, a13, self.blocks, self.blocks.top_k, self.cfg["shrink13"],
+                               use_pdl=self.use_pdl)
+        moe_lora_expand(y13, part, b13, self.blocks, self.cfg["expand13"], scaling=scaling,
+                        add_inputs=add_inputs, use_pdl=self.use_pdl)
+
+    def add_w2(self, y2: torch.Tensor, h: torch.Tensor, a2, b2, topk_weights: torch.Tensor | None,
+               scaling: torch.Tensor | None = None, add_inputs: bool = True) -> None:
+        """down: ``y2 [M*K, H] (+)= scale * w * (h A2^T) B2^T`` with ``h [M*K, I]``."""
+        part = moe_lora_shrink(h, a2, self.blocks, 1, self.cfg["shrink2"], use_pdl=self.use_pdl)
+        moe_lora_expand(y2, part, b2, self.blocks, self.cfg["expand2"], scaling=scaling,
+                        topk_weights=topk_weights, add_inputs=add_inputs, use_pdl=self.use_pdl)

@@ -1,0 +1,118 @@
+"""Tile configs of the MoE-LoRA Triton ops, per device, layer shape and batch-size bucket.
+
+Tuned configs live in ``kernels/configs/moe_lora_<device>.json`` (written by ``kernels/tune.py``)::
+
+    {"device": "NVIDIA H200",
+     "shapes": {"H2880_I2880_E32_K4_r32_L8": {"16": {<layer config>}, ...}}}
+
+A layer config holds the block size shared by the four ops and one entry per op::
+
+    {"block_m": 16, "pdl": false,
+     "shrink13": {"block_k": 64, "split_k": 8, "num_warps": 4, "num_stages": 3},
+     "expand13": {"block_n": 128, "num_warps": 4, "num_stages": 2},
+     "shrink2": {...}, "expand2": {...}}
+
+Lookup: exact device and shape; the bucket is the largest tuned M not above the batch's M (the
+smallest one when M is below all). Anything not tuned falls back to ``default_layer_config``.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+CONFIG_DIR = Path(__file__).parent / "configs"
+NUM_SMS_DEFAULT = 132
+OPS = ("shrink13", "expand13", "shrink2", "expand2")
+
+
+@dataclass(frozen=True)
+class OpConfig:
+    """One op's launch config. ``block_k``/``split_k`` apply to shrink, ``block_n`` to expand."""
+
+    block_k: int = 64
+    split_k: int = 1
+    block_n: int = 128
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+def shape_key(hidden: int, intermediate: int, num_experts: int, top_k: int, rank: int,
+              num_slots: int) -> str:
+    """Key of a layer shape in the config files."""
+    return f"H{hidden}_I{intermediate}_E{num_experts}_K{top_k}_r{rank}_L{num_slots}"
+
+
+def device_slug(name: str) -> str:
+    """File-name form of a device name: ``NVIDIA H200`` → ``NVIDIA_H200``."""
+    return re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_")
+
+
+def default_layer_config(num_tokens: int, top_k: int, num_experts: int, num_slots: int,
+                         num_sms: int = NUM_SMS_DEFAULT) -> dict:
+    """Heuristic config: enough programs to cover the SMs, split-K only while blocks are few."""
+    rows = max(1, num_tokens * top_k)
+    block_m = 16 if rows <= 1024 else 32 if rows <= 4096 else 64
+    blocks = min(rows, num_experts * num_slots) + rows // block_m
+    split_k = max(1, min(16, -(-2 * num_sms // blocks)))
+    shrink = OpConfig(block_k=64, split_k=split_k, num_warps=4, num_stages=3)
+    expand = OpConfig(block_n=128, num_warps=4, num_stages=2)
+    return {"block_m": block_m, "pdl": False, "shrink13": shrink, "expand13": expand,
+            "shrink2": shrink, "expand2": expand}
+
+
+def parse_layer_config(raw: dict) -> dict:
+    """JSON layer config → the dict the ops take (``OpConfig`` per op)."""
+    out = {"block_m": int(raw["block_m"]), "pdl": bool(raw.get("pdl", False))}
+    for op in OPS:
+        out[op] = OpConfig(**raw[op])
+    return out
+
+
+def dump_layer_config(cfg: dict) -> dict:
+    """Inverse of ``parse_layer_config``."""
+    out = {"block_m": cfg["block_m"], "pdl": cfg.get("pdl", False)}
+    for op in OPS:
+        out[op] = asdict(cfg[op])
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _load_device_file(slug: str) -> dict:
+    path = CONFIG_DIR / f"moe_lora_{slug}.json"
+    if not path.is_file():
+        return {}
+    return json.loads(path.read_text()).get("shapes", {})
+
+
+@functools.lru_cache(maxsize=4096)
+def _lookup(slug: str, key: str, num_tokens: int) -> dict | None:
+    buckets = _load_device_file(slug).get(key)
+    if not buckets:
+        return None
+    ms = sorted(int(m) for m in buckets)
+    below = [m for m in ms if m <= num_tokens]
+    chosen = below[-1] if below else ms[0]
+    return parse_layer_config(buckets[str(chosen)])
+
+
+def get_layer_config(num_tokens: int, *, hidden: int, intermediate: int, num_experts: int,
+                     top_k: int, rank: int, num_slots: int,
+                     device: torch.device | str | None = None) -> dict:
+    """Tuned config for this device/shape/M bucket, or the heuristic default."""
+    dev = torch.device(device) if device is not None else None
+    if dev is not None and dev.type == "cuda":
+        slug = device_slug(torch.cuda.get_device_name(dev))
+        found = _lookup(slug, shape_key(hidden, intermediate, num_experts, top_k, rank,
+                                        num_slots), num_tokens)
+        if found is not None:
+            return found
+        num_sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    else:
+        num_sms = NUM_SMS_DEFAULT
+    return default_layer_config(num_tokens, top_k, num_experts, num_slots, num_sms)
