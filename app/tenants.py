@@ -8,7 +8,6 @@ that fails to parse keeps the last good table (and logs why).
 from __future__ import annotations
 
 import hashlib
-import hmac
 import logging
 import os
 import secrets
@@ -117,11 +116,10 @@ class TenantDirectory:
         self.reload_if_changed()
         if not authorization or not authorization.lower().startswith("bearer "):
             raise Unauthorized("missing API key: send 'Authorization: Bearer <key>'")
-        digest = hash_key(authorization[7:].strip())
-        for h, tenant in self._by_hash.items():
-            if hmac.compare_digest(h, digest):
-                return tenant
-        raise Unauthorized("invalid API key")
+        tenant = self._by_hash.get(hash_key(authorization[7:].strip()))
+        if tenant is None:
+            raise Unauthorized("invalid API key")
+        return tenant
 
     def get(self, name: str) -> Tenant | None:
         self.reload_if_changed()

@@ -1,0 +1,144 @@
+"""``loraplex serve [CONFIG]``: init if needed, then ``serve run CONFIG`` until Ctrl-C or SIGTERM.
+
+``serve run`` aborts on SIGTERM, so SIGTERM (and SIGINT) are forwarded to it as SIGINT, which
+stops Serve and the local Ray cluster it started; after a grace period the whole process group is
+killed. Shared-memory segments the run left in ``/dev/shm`` are removed afterwards. Once the app
+answers ``/readyz``, the demo keys and how to call the API are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import yaml
+
+DEFAULT_CONFIG = "deploy/config.yaml"
+SHUTDOWN_GRACE_S = 60.0
+SHM = Path("/dev/shm")
+
+
+def http_address(config_path: Path) -> tuple[str, int]:
+    """``(host, port)`` of the Serve HTTP proxy from the config (Serve defaults otherwise)."""
+    cfg = yaml.safe_load(config_path.read_text()) or {}
+    http = cfg.get("http_options") or {}
+    return str(http.get("host", "127.0.0.1")), int(http.get("port", 8000))
+
+
+def usage_text(base_url: str, keys: dict[str, str], base_model: str = "loraplex-base") -> str:
+    key = keys.get("acme", "<your key>")
+    lines = ["", "loraplex is ready at " + base_url]
+    lines += [f"  demo key for tenant {name}: {k}" for name, k in keys.items()]
+    lines += [
+        "",
+        "  curl:",
+        f"    curl {base_url}/v1/adapters/acme-support/chat/completions \\",
+        f"      -H 'Authorization: Bearer {key}' -H 'Content-Type: application/json' \\",
+        "      -d '{\"messages\": [{\"role\": \"user\", \"content\": \"hello\"}], \"max_tokens\": 16}'",
+        "",
+        "  OpenAI SDK:",
+        "    from openai import OpenAI",
+        f"    client = OpenAI(base_url='{base_url}/v1', api_key='{key}')",
+        "    client.chat.completions.create(model='acme-support',",
+        "        messages=[{'role': 'user', 'content': 'hello'}], max_tokens=16)",
+        f"  (model='{base_model}' calls the base model; GET /v1/models lists what a key may call)",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _announce_when_ready(base_url: str, stop: threading.Event) -> None:
+    from app.embedded.setup import demo_keys
+
+    while not stop.wait(2.0):
+        try:
+            if httpx.get(base_url + "/readyz", timeout=30).status_code == 200:
+                print(usage_text(base_url, demo_keys()), flush=True)
+                return
+        except httpx.HTTPError:
+            pass
+
+
+def _serve_executable() -> list[str]:
+    script = Path(sys.executable).with_name("serve")
+    if script.exists():
+        return [str(script)]
+    return [sys.executable, "-c", "from ray.serve.scripts import cli; cli()"]
+
+
+def run(config: str) -> int:
+    from app.embedded.setup import init, is_initialized
+
+    config_path = Path(config)
+    if not config_path.exists():
+        print(f"config file not found: {config}", file=sys.stderr)
+        return 2
+    if not is_initialized():
+        init()
+    env = dict(os.environ)
+    env.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # single node: Ray binds loopback
+    shm_before = set(SHM.iterdir()) if SHM.is_dir() else set()
+    cmd = _serve_executable() + ["run", "--address", "local", str(config_path)]
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+
+    def forward(signum, frame):
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+
+    signal.signal(signal.SIGINT, forward)
+    signal.signal(signal.SIGTERM, forward)
+    host, port = http_address(config_path)
+    stop = threading.Event()
+    threading.Thread(target=_announce_when_ready, args=(f"http://{host}:{port}", stop), daemon=True).start()
+    try:
+        while proc.poll() is None:
+            time.sleep(0.5)
+    finally:
+        stop.set()
+        _stop_group(proc)
+        _remove_new_shm(shm_before)
+    return proc.returncode or 0
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + SHUTDOWN_GRACE_S
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+    while proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def _remove_new_shm(before: set[Path]) -> None:
+    if not SHM.is_dir():
+        return
+    uid = os.getuid()
+    for path in set(SHM.iterdir()) - before:
+        try:
+            if path.stat().st_uid == uid and path.is_file():
+                path.unlink()
+        except OSError:
+            pass
+
+
+def add_subparser(sub) -> None:
+    p = sub.add_parser("serve", help="init if needed, then `serve run CONFIG` (Ctrl-C stops everything)")
+    p.add_argument("config", nargs="?", default=DEFAULT_CONFIG, help=f"Serve config (default {DEFAULT_CONFIG})")
+    p.set_defaults(func=lambda args: run(args.config))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="loraplex serve")
+    parser.add_argument("config", nargs="?", default=DEFAULT_CONFIG)
+    return run(parser.parse_args(argv).config)

@@ -1,0 +1,177 @@
+"""Engine deployment: one vLLM ``AsyncLLM`` with LoRA, vLLM's OpenAI serving layer, adapter slots.
+
+A replica owns one engine (one GPU or TP group; on CPU, the embedded model). Requests arrive from
+the gateway with the adapter's manifest already resolved and authorised; the replica's slot table
+makes the adapter resident (disk cache → ``add_lora``) and pins it for the request's lifetime.
+
+Return protocol to the gateway (plain data, so it crosses Ray unchanged):
+- ``generate`` returns ``{"status": int, "body": dict}``.
+- ``generate_stream`` yields ``{"status": int, "body": dict | None}`` first, then SSE strings
+  (``"data: ...\\n\\n"``) when the status is 200.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any, Literal
+
+from ray import serve
+
+from adapters_registry.manifest import AdapterManifest
+from app.config import AppConfig
+from app.errors import NotReady
+
+logger = logging.getLogger(__name__)
+Kind = Literal["chat", "completion"]
+
+
+def engine_applies_expert_lora() -> bool:
+    """Whether this engine applies MoE-expert LoRA (else adapters with expert weights are refused)."""
+    try:
+        from kernels.capabilities import engine_applies_expert_lora as applies
+    except ImportError:
+        return False
+    return applies()
+
+
+class ExpertLoraUnsupported(Exception):
+    """An adapter carries expert LoRA that this engine cannot apply (never served silently wrong)."""
+
+    http_status = 422
+    error_type = "invalid_request_error"
+
+    def __init__(self, adapter_id: str):
+        self.message = (
+            f"adapter {adapter_id!r} has MoE expert LoRA weights, which this engine cannot apply "
+            "(loraplex's MoE-LoRA plugin is off or unsupported here: set engine.moe_lora_plugin: true "
+            "or LORAPLEX_MOE_LORA=1); it is refused rather than served without its expert weights"
+        )
+        super().__init__(self.message)
+
+
+class EngineServer:
+    """Serve deployment class (bound in ``app.main``). Invariant: adapters reach the engine only
+    through ``self.slots`` (the residency table)."""
+
+    async def __init__(self, config: dict[str, Any]):
+        from adapters_registry.cache import AdapterCache
+        from adapters_registry.slots import AdapterSlots
+        from adapters_registry.store import open_store
+        from app import vllm_serving
+
+        self.cfg = AppConfig.model_validate(config)
+        ecfg = self.cfg.engine
+        os.environ["LORAPLEX_MOE_LORA"] = "1" if ecfg.moe_lora_plugin else "0"
+        if ecfg.cpu_kvcache_space_gib is not None:
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(ecfg.cpu_kvcache_space_gib)
+        self.serving = await vllm_serving.start_engine(ecfg)
+        self.chat_request_cls, self.completion_request_cls, self.error_cls = vllm_serving.request_types()
+        self._error_from_exception = vllm_serving.error_from_exception
+        self.store = open_store(self.cfg.resolved_store_uri(), self.cfg.s3_endpoint_url)
+        cache_root = self.cfg.resolved_cache_dir() / _replica_name()
+        self.cache = AdapterCache(cache_root, self.cfg.cache_max_bytes)
+        self.slots = AdapterSlots(vllm_serving.ServingLoraOps(self.serving), self.cache, ecfg.max_cpu_loras)
+        self.applies_expert_lora = engine_applies_expert_lora()
+
+    async def check_health(self) -> None:
+        """Serve health check: raises if the vLLM engine died."""
+        await self.serving.engine.check_health()
+
+    async def ready(self) -> bool:
+        """True once a real one-token generation on the base model succeeds."""
+        out = await self.generate("completion", {"prompt": "hello", "max_tokens": 1, "temperature": 0}, None)
+        if out["status"] != 200:
+            raise NotReady(f"engine generation failed: {out['body']}")
+        return True
+
+    def resident_adapters(self) -> list[str]:
+        """Adapter ids registered with this replica's engine (for routing and the admin view)."""
+        return self.slots.resident()
+
+    @asynccontextmanager
+    async def _adapter(self, manifest: AdapterManifest | None):
+        """Yields the engine-side model name for the request, pinning the adapter meanwhile."""
+        if manifest is None:
+            yield self.cfg.engine.served_model_name
+            return
+        if manifest.has_expert_lora and not self.applies_expert_lora:
+            raise ExpertLoraUnsupported(manifest.adapter_id)
+        async with self.slots.use(self.store, manifest) as lora_request:
+            yield lora_request.lora_name
+
+    def _parse(self, kind: Kind, body: dict[str, Any], model_name: str):
+        cls = self.chat_request_cls if kind == "chat" else self.completion_request_cls
+        request = cls.model_validate({**body, "model": model_name})
+        handler = self.serving.chat.create_chat_completion if kind == "chat" else self.serving.completion.create_completion
+        return request, handler
+
+    def _error(self, exc: Exception) -> dict[str, Any]:
+        if hasattr(exc, "http_status"):
+            from app.errors import error_body
+
+            status = int(exc.http_status)
+            msg = getattr(exc, "message", str(exc))
+            body = error_body(status, msg, getattr(exc, "error_type", "invalid_request_error"))
+            if getattr(exc, "retry_after_s", None) is not None:
+                body["error"]["retry_after_s"] = exc.retry_after_s
+            return {"status": status, "body": body}
+        from pydantic import ValidationError
+
+        if isinstance(exc, ValidationError):
+            return {"status": 400, "body": _validation_body(exc)}
+        status, body = self._error_from_exception(exc)
+        return {"status": status, "body": body}
+
+    async def generate(self, kind: Kind, body: dict[str, Any], manifest: dict | None) -> dict[str, Any]:
+        """Non-streaming completion/chat; ``manifest`` is an ``AdapterManifest`` dump or None."""
+        try:
+            async with self._adapter(_manifest(manifest)) as model_name:
+                request, handler = self._parse(kind, body, model_name)
+                request.stream = False
+                result = await handler(request, None)
+                if isinstance(result, self.error_cls):
+                    return {"status": int(result.error.code), "body": result.model_dump()}
+                return {"status": 200, "body": result.model_dump(mode="json", exclude_none=True)}
+        except Exception as exc:  # mapped to an HTTP error, the replica keeps serving
+            logger.info("request failed: %r", exc)
+            return self._error(exc)
+
+    async def generate_stream(self, kind: Kind, body: dict[str, Any], manifest: dict | None) -> AsyncIterator[Any]:
+        """Streaming completion/chat: a status dict first, then SSE chunks (see module doc)."""
+        try:
+            async with self._adapter(_manifest(manifest)) as model_name:
+                request, handler = self._parse(kind, body, model_name)
+                result = await handler(request, None)
+                if isinstance(result, self.error_cls):
+                    yield {"status": int(result.error.code), "body": result.model_dump()}
+                    return
+                yield {"status": 200, "body": None}
+                async for chunk in result:
+                    yield chunk
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            logger.info("stream failed: %r", exc)
+            yield self._error(exc)
+
+
+def _manifest(dump: dict | None) -> AdapterManifest | None:
+    return None if dump is None else AdapterManifest.model_validate(dump)
+
+
+def _validation_body(exc) -> dict[str, Any]:
+    from app.errors import error_body
+
+    parts = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()[:5]]
+    return error_body(400, "invalid request body: " + "; ".join(parts), "invalid_request_error")
+
+
+def _replica_name() -> str:
+    try:
+        return serve.get_replica_context().replica_id.unique_id
+    except Exception:
+        return f"pid-{os.getpid()}"

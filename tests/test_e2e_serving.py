@@ -1,0 +1,112 @@
+"""End to end through the real stack with the OpenAI SDK: outputs equal transformers + PEFT."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from tests import hf_reference as ref
+
+pytestmark = pytest.mark.e2e
+PROMPTS = ["hello world", "please route 42 requests to the expert"]
+MAX_TOKENS = 12
+ATTENTION_ADAPTERS = {"acme-support": "acme", "globex-legal": "globex"}
+
+
+def client(stack, tenant: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=stack.base_url + "/v1", api_key=stack.keys[tenant], max_retries=0)
+
+
+def served_chat_ids(stack, tenant: str, model: str, prompt: str) -> list[int]:
+    """Greedy chat completion; token ids via vLLM's return_tokens_as_token_ids."""
+    out = client(stack, tenant).chat.completions.create(
+        model=model, messages=[{"role": "user", "content": prompt}], max_tokens=MAX_TOKENS,
+        temperature=0, logprobs=True, extra_body={"return_tokens_as_token_ids": True},
+    )
+    return [int(t.token.split(":")[1]) for t in out.choices[0].logprobs.content]
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_base_model_matches_transformers(serve_stack, embedded_model_dir, prompt):
+    ids = ref.chat_prompt_ids(embedded_model_dir, prompt)
+    expected = ref.greedy(embedded_model_dir, None, ids, MAX_TOKENS)
+    assert served_chat_ids(serve_stack, "acme", "loraplex-base", prompt) == expected
+
+
+@pytest.mark.parametrize("adapter_id", sorted(ATTENTION_ADAPTERS))
+def test_adapters_match_peft_and_differ_from_base(serve_stack, embedded_model_dir, demo_adapter_sources, adapter_id):
+    tenant = ATTENTION_ADAPTERS[adapter_id]
+    for prompt in PROMPTS:
+        ids = ref.chat_prompt_ids(embedded_model_dir, prompt)
+        expected = ref.greedy(embedded_model_dir, demo_adapter_sources[adapter_id], ids, MAX_TOKENS)
+        served = served_chat_ids(serve_stack, tenant, adapter_id, prompt)
+        assert served == expected
+        assert served != ref.greedy(embedded_model_dir, None, ids, MAX_TOKENS)
+
+
+def test_per_adapter_route_streaming_completion(serve_stack, embedded_model_dir, demo_adapter_sources):
+    prompt = "the expert said"
+    expected = ref.decode(
+        embedded_model_dir,
+        ref.greedy(embedded_model_dir, demo_adapter_sources["acme-support"], ref.prompt_ids(embedded_model_dir, prompt), MAX_TOKENS),
+    )
+    sdk = openai.OpenAI(base_url=serve_stack.base_url + "/v1/adapters/acme-support", api_key=serve_stack.keys["acme"], max_retries=0)
+    chunks = sdk.completions.create(model="acme-support", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0, stream=True)
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == expected
+
+
+def test_streaming_chat_equals_non_streaming(serve_stack):
+    sdk = client(serve_stack, "globex")
+    kwargs = dict(model="globex-legal", messages=[{"role": "user", "content": PROMPTS[0]}], max_tokens=MAX_TOKENS, temperature=0)
+    full = sdk.chat.completions.create(**kwargs).choices[0].message.content
+    streamed = "".join(c.choices[0].delta.content or "" for c in sdk.chat.completions.create(stream=True, **kwargs) if c.choices)
+    assert streamed == full and full
+
+
+def test_models_lists_only_the_tenants_adapters(serve_stack):
+    ids = {m.id for m in client(serve_stack, "globex").models.list()}
+    assert "globex-legal" in ids and "loraplex-base" in ids
+    assert "acme-support" not in ids and "acme-experts" not in ids
+
+
+def test_wrong_key_is_401(serve_stack):
+    bad = openai.OpenAI(base_url=serve_stack.base_url + "/v1", api_key="lpx-not-a-key", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.chat.completions.create(model="loraplex-base", messages=[{"role": "user", "content": "x"}], max_tokens=2)
+    r = httpx.post(serve_stack.base_url + "/v1/completions", json={"model": "loraplex-base", "prompt": "x"})
+    assert r.status_code == 401 and "Authorization" in r.json()["error"]["message"]
+
+
+def test_other_tenants_adapter_is_403(serve_stack):
+    with pytest.raises(openai.PermissionDeniedError) as e:
+        client(serve_stack, "globex").chat.completions.create(
+            model="acme-support", messages=[{"role": "user", "content": "x"}], max_tokens=2)
+    assert "another tenant" in str(e.value)
+    r = httpx.post(serve_stack.base_url + "/v1/adapters/acme-support/completions",
+                   headers=serve_stack.headers("globex"), json={"prompt": "x", "max_tokens": 2})
+    assert r.status_code == 403
+
+
+def test_unknown_adapter_is_404(serve_stack):
+    with pytest.raises(openai.NotFoundError) as e:
+        client(serve_stack, "acme").chat.completions.create(
+            model="no-such-adapter", messages=[{"role": "user", "content": "x"}], max_tokens=2)
+    assert "no-such-adapter" in str(e.value)
+
+
+def test_bad_request_body_is_400_and_others_keep_being_served(serve_stack):
+    r = httpx.post(serve_stack.base_url + "/v1/chat/completions", headers=serve_stack.headers("acme"),
+                   json={"model": "acme-support", "messages": "not a list"})
+    assert r.status_code == 400 and "messages" in r.json()["error"]["message"]
+    r = httpx.post(serve_stack.base_url + "/v1/chat/completions", headers=serve_stack.headers("acme"), content=b"{not json")
+    assert r.status_code == 400
+    assert served_chat_ids(serve_stack, "globex", "globex-legal", PROMPTS[0])
+
+
+def test_health_and_readiness(serve_stack):
+    assert httpx.get(serve_stack.base_url + "/healthz").status_code == 200
+    assert httpx.get(serve_stack.base_url + "/readyz", timeout=60).json() == {"status": "ready"}
+    metrics = httpx.get(serve_stack.base_url + "/metrics").text
+    assert "loraplex_requests_total" in metrics
