@@ -87,14 +87,14 @@ def _moe_lora_shrink_kernel(
     tl.store(p_ptrs, acc, mask=row_ok[:, None])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["split_k"])
 def _moe_lora_expand_kernel(
     y_ptr, b0_ptr, b1_ptr, part_ptr, scale_ptr, topk_w_ptr,
     sorted_rows_ptr, block_pair_ptr, block_nrows_ptr, num_blocks_ptr,
-    out_features, rank, num_experts,
+    out_features, rank, num_experts, split_k,
     stride_ym, stride_bl, stride_be, stride_bn,
     stride_ps, stride_pm,
-    BM: tl.constexpr, RP: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
+    BM: tl.constexpr, RP: tl.constexpr, BLOCK_N: tl.constexpr,
     EVEN_N: tl.constexpr, EVEN_R: tl.constexpr, NUM_SLICES: tl.constexpr,
     HAS_SCALE: tl.constexpr, MUL_ROUTED_WEIGHT: tl.constexpr, ADD_INPUTS: tl.constexpr,
     USE_PDL: tl.constexpr,
@@ -130,7 +130,7 @@ def _moe_lora_expand_kernel(
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
     inter = tl.load(p_ptrs, mask=row_ok[:, None], other=0.0)
-    for s in tl.static_range(1, SPLIT_K):
+    for s in range(1, split_k):
         inter += tl.load(p_ptrs + s * stride_ps, mask=row_ok[:, None], other=0.0)
     acc = tl.dot(inter.to(bt.dtype), bt)
     if HAS_SCALE:
@@ -167,11 +167,13 @@ def moe_lora_shrink(
     x_row_div: int,
     cfg: OpConfig,
     use_pdl: bool = False,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Shrink: ``x [rows_in, in]`` with ``A [L, E, r, in]`` per slice → fp32 partials
     ``[split_k, max_blocks*BM, S*RP]`` (RP = rank padded to a power of two >= 16).
 
     ``x_row_div``: row ``t*K+k`` reads ``x[(t*K+k) // x_row_div]`` (K for gate_up, 1 for down).
+    ``out``: a buffer of at least that size to write the partials into (CUDA-graph reuse).
     """
     a = _as_slices(lora_a)
     num_slices = len(a)
@@ -184,8 +186,11 @@ def moe_lora_shrink(
     k_per_split = triton.cdiv(n_k_blocks, split_k) * block_k
     split_k = triton.cdiv(in_features, k_per_split)
     even_k = in_features % block_k == 0 and k_per_split * split_k == in_features
-    part = torch.empty(split_k, blocks.max_blocks * bm, num_slices * rp, dtype=torch.float32,
-                       device=x.device)
+    shape = (split_k, blocks.max_blocks * bm, num_slices * rp)
+    if out is None:
+        part = torch.empty(shape, dtype=torch.float32, device=x.device)
+    else:
+        part = out.reshape(-1)[: shape[0] * shape[1] * shape[2]].view(shape)
     if blocks.max_blocks == 0:
         return part
     assert x.stride(-1) == 1 and all(t.stride(-1) == 1 for t in a)
@@ -236,10 +241,10 @@ def moe_lora_expand(
     _moe_lora_expand_kernel[grid](
         y, b[0], b[-1], part, scaling if scaling is not None else part, tw,
         blocks.sorted_rows, blocks.block_pair, blocks.block_nrows, blocks.num_blocks,
-        out_features, rank, blocks.num_experts,
+        out_features, rank, blocks.num_experts, part.shape[0],
         y.stride(0), b[0].stride(0), b[0].stride(1), b[0].stride(2),
         part.stride(0), part.stride(1),
-        BM=blocks.block_m, RP=rp, BLOCK_N=block_n, SPLIT_K=part.shape[0],
+        BM=blocks.block_m, RP=rp, BLOCK_N=block_n,
         EVEN_N=out_features % block_n == 0, EVEN_R=rank == rp, NUM_SLICES=num_slices,
         HAS_SCALE=scaling is not None, MUL_ROUTED_WEIGHT=topk_weights is not None,
         ADD_INPUTS=add_inputs, USE_PDL=use_pdl,

@@ -69,6 +69,7 @@ def test_layer_matches_reference(case):
     p = random_moe_lora_problem(t, h, i, e, k, n_slots, r, dtype=torch.float32, device=DEV,
                                 no_adapter_fraction=0.3, slots_without_experts=(1,),
                                 with_bias=True)
+    p["token_lora"][0] = 0  # at least one token with expert LoRA
     got = moe_lora_layer(**p, activation=act, config=cfg)
     ref = moe_lora_reference(**p, activation=act, compute_dtype=torch.float64)
     base = moe_lora_reference(**{**p, "lora": None}, activation=act,

@@ -1,0 +1,272 @@
+"""Benchmark: loraplex's MoE-LoRA Triton ops vs vLLM 0.24's ``fused_moe_lora`` on one GPU.
+
+GPT-OSS-20B expert shape (hidden 2880, expert intermediate 2880, 32 experts, top-4), 8 adapter
+slots of rank 32 (the 3-D MoE layout: one gate_up slice), bf16; M tokens in 1..1024, token t
+uses slot t % 8, each token's 4 experts drawn uniformly at random (distinct).
+
+vLLM is called the way its ``TritonExperts.apply`` does (``PunicaWrapperGPU.add_lora_w13`` /
+``add_lora_w2``: tile config lookup, ``moe_lora_align_block_size``, the fused shrink+expand
+kernel). Ours: ``align`` + shrink + expand for gate_up, shrink + expand for down.
+
+Times are CUDA-graph replays of the op over ``--layers`` distinct layers (distinct weights and
+routing, several GB, so weights come from HBM), median replay / layers. Bytes an op must read:
+the LoRA weights of the distinct (adapter, expert) pairs (``%cp`` = those bytes / time against a
+measured device-to-device copy, read + write counted, as for the copy itself).
+
+Run on the GPU machine (vLLM 0.24 importable, project on PYTHONPATH):
+``python -m kernels.bench [--ms 1,4,16,64,256,1024] [--layers 32] [--json out.json]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from types import SimpleNamespace
+
+import torch
+
+H, I, E, TOPK, NL, R = 2880, 2880, 32, 4, 8, 32
+
+
+def log(*a) -> None:
+    print(*a, flush=True)
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
+
+
+def graph_us(fn, n_layers: int, trials: int = 20) -> float:
+    """Median µs per layer of replaying a CUDA graph of ``fn()`` (which runs n_layers layers)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        keep = fn()
+    for _ in range(3):
+        g.replay()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(trials):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b))
+    del keep, g
+    return statistics.median(ts) * 1e3 / n_layers
+
+
+def copy_bandwidth_tbs() -> float:
+    """Device-to-device copy of 2 GiB, bytes read + written per second, in TB/s."""
+    from triton.testing import do_bench
+
+    n = 2**30
+    src = torch.randn(n, dtype=torch.bfloat16, device="cuda")
+    dst = torch.empty_like(src)
+    ms = do_bench(lambda: dst.copy_(src), warmup=50, rep=300, return_mode="median")
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * n * 2 / (ms * 1e-3) / 1e12
+
+
+class Layers:
+    """Random LoRA stacks and routing for ``n`` layers, GPT-OSS-20B shape."""
+
+    def __init__(self, n: int, gen: torch.Generator) -> None:
+        def rnd(shape, std):
+            return torch.empty(shape, dtype=torch.bfloat16, device="cuda").normal_(
+                0.0, std, generator=gen)
+
+        self.n = n
+        self.a13 = [rnd((NL, E, R, H), H**-0.5) for _ in range(n)]
+        self.b13 = [rnd((NL, E, 2 * I, R), R**-0.5) for _ in range(n)]
+        self.a2 = [rnd((NL, E, R, I), I**-0.5) for _ in range(n)]
+        self.b2 = [rnd((NL, E, H, R), R**-0.5) for _ in range(n)]
+        self.w1 = torch.empty((E, 2 * I, H), dtype=torch.bfloat16, device="cuda")
+        self.w2 = torch.empty((E, H, I), dtype=torch.bfloat16, device="cuda")
+
+
+def run_m(m: int, lay: Layers, gen: torch.Generator, pw, copy_tbs: float) -> dict:
+    from kernels.triton_moe_lora import MoELoRAOps, moe_lora_expand, moe_lora_shrink
+
+    n = lay.n
+    dev = torch.device("cuda")
+    slot = (torch.arange(m, device=dev) % NL).to(torch.int32)
+    pw.token_mapping_meta.prepare_tensors(slot)
+    enabled = torch.zeros(NL + 1, dtype=torch.int32, device=dev)
+    enabled[:NL] = 1
+    ids = [torch.rand(m, E, device=dev, generator=gen).argsort(dim=1)[:, :TOPK]
+           .to(torch.int32).contiguous() for _ in range(n)]
+    tw = [torch.softmax(torch.randn(m, TOPK, device=dev, generator=gen), -1) for _ in range(n)]
+    x = torch.randn(m, H, device=dev, generator=gen).to(torch.bfloat16)
+    h = torch.randn(m * TOPK, I, device=dev, generator=gen).to(torch.bfloat16)
+    y13 = (0.1 * torch.randn(m * TOPK, 2 * I, device=dev, generator=gen)).to(torch.bfloat16)
+    y2 = (0.1 * torch.randn(m * TOPK, H, device=dev, generator=gen)).to(torch.bfloat16)
+
+    def v13(l):
+        return pw.add_lora_w13(y13, x, (lay.a13[l],), (lay.b13[l],), ids[l], tw[l], None,
+                               lay.w1, lay.w2, m, TOPK, NL, enabled, E, TOPK, 1, False, False)
+
+    def v2(l, meta):
+        pw.add_lora_w2(y2.view(m, TOPK, H), h, (lay.a2[l],), (lay.b2[l],), tw[l], meta[0],
+                       meta[1], meta[2], meta[3], m, lay.w1, lay.w2, TOPK, NL, enabled, TOPK,
+                       False, 0, False)
+
+    ops = [MoELoRAOps(ids[l], slot, enabled[:NL], E, H, I, R, NL) for l in range(n)]
+    cfg = ops[0].cfg
+
+    # ---- correctness, layer 0: ours and vLLM's deltas vs a float32 torch reference ----
+    keys = slot.long().repeat_interleave(TOPK) * E + ids[0].reshape(-1).long()
+    rows_tok = torch.arange(m, device=dev).repeat_interleave(TOPK)
+    d13 = torch.zeros(m * TOPK, 2 * I, device=dev)
+    d2 = torch.zeros(m * TOPK, H, device=dev)
+    for key in keys.unique().tolist():
+        sel = (keys == key).nonzero().squeeze(1)
+        a, e = divmod(key, E)
+        d13[sel] = (x[rows_tok[sel]].float() @ lay.a13[0][a, e].float().t()) @ lay.b13[0][a, e].float().t()
+        d2[sel] = ((h[sel].float() @ lay.a2[0][a, e].float().t()) @ lay.b2[0][a, e].float().t()
+                   * tw[0].reshape(-1)[sel, None])
+    res = {"M": m, "config": {k: (v.__dict__ if hasattr(v, "__dict__") else v) for k, v in cfg.items()}}
+    for name, f13, f2 in (("ours", lambda: ops[0].add_w13(y13, x, lay.a13[0], lay.b13[0]),
+                           lambda: ops[0].add_w2(y2, h, lay.a2[0], lay.b2[0], tw[0])),
+                          ("vllm", lambda: v13(0), None)):
+        y13_in, y2_in = y13.clone(), y2.clone()
+        meta = f13()
+        if name == "ours":
+            f2()
+        else:
+            v2(0, meta)
+        torch.cuda.synchronize()
+        res[f"err13_{name}"] = rel(y13.float() - y13_in.float(), d13)
+        res[f"err2_{name}"] = rel(y2.float() - y2_in.float(), d2)
+        y13.copy_(y13_in)
+        y2.copy_(y2_in)
+
+    # ---- bytes ----
+    pairs = statistics.mean(
+        int((slot.long().repeat_interleave(TOPK) * E + ids[l].reshape(-1).long()).unique().numel())
+        for l in range(n))
+    res["pairs"] = pairs
+    by = {"s13": pairs * R * H * 2, "e13": pairs * 2 * I * R * 2,
+          "s2": pairs * R * I * 2, "e2": pairs * H * R * 2}
+    by["w13"] = by["s13"] + by["e13"]
+    by["w2"] = by["s2"] + by["e2"]
+    res["bytes"] = by
+
+    # ---- timings ----
+    metas = [v13(l) for l in range(n)]
+    for l in range(n):
+        v2(l, metas[l])
+        ops[l].add_w13(y13, x, lay.a13[l], lay.b13[l])
+        ops[l].add_w2(y2, h, lay.a2[l], lay.b2[l], tw[l])
+    torch.cuda.synchronize()
+    t = {}
+    t["vllm_w13"] = graph_us(lambda: [v13(l) for l in range(n)], n)
+    t["vllm_w2"] = graph_us(lambda: [v2(l, metas[l]) for l in range(n)], n)
+    t["ours_w13"] = graph_us(lambda: [ops[l].add_w13(y13, x, lay.a13[l], lay.b13[l])
+                                      for l in range(n)], n)
+    t["ours_w2"] = graph_us(lambda: [ops[l].add_w2(y2, h, lay.a2[l], lay.b2[l], tw[l])
+                                     for l in range(n)], n)
+    # per op, on preallocated partials
+    from kernels.moe_lora_align import align_moe_lora
+
+    bm = int(cfg["block_m"])
+    t["align"] = graph_us(lambda: [align_moe_lora(ids[l], slot, enabled[:NL], E, bm)
+                                   for l in range(n)], n)
+    p13 = [moe_lora_shrink(x, lay.a13[l], ops[l].blocks, TOPK, cfg["shrink13"]) for l in range(n)]
+    p2 = [moe_lora_shrink(h, lay.a2[l], ops[l].blocks, 1, cfg["shrink2"]) for l in range(n)]
+    t["s13"] = graph_us(lambda: [moe_lora_shrink(x, lay.a13[l], ops[l].blocks, TOPK,
+                                                 cfg["shrink13"], out=p13[l]) for l in range(n)], n)
+    t["e13"] = graph_us(lambda: [moe_lora_expand(y13, p13[l], lay.b13[l], ops[l].blocks,
+                                                 cfg["expand13"]) for l in range(n)], n)
+    t["s2"] = graph_us(lambda: [moe_lora_shrink(h, lay.a2[l], ops[l].blocks, 1, cfg["shrink2"],
+                                                out=p2[l]) for l in range(n)], n)
+    t["e2"] = graph_us(lambda: [moe_lora_expand(y2, p2[l], lay.b2[l], ops[l].blocks,
+                                                cfg["expand2"], topk_weights=tw[l])
+                                for l in range(n)], n)
+    res["us"] = t
+    res["vllm_total"] = t["vllm_w13"] + t["vllm_w2"]
+    res["ours_total"] = t["ours_w13"] + t["ours_w2"]
+    res["speedup"] = res["vllm_total"] / res["ours_total"]
+    bw = copy_tbs * 1e12
+    res["pct_copy"] = {k: 100 * by[k] / (t[k] * 1e-6) / bw for k in ("s13", "e13", "s2", "e2")}
+    res["pct_copy"]["ours_w13"] = 100 * by["w13"] / (t["ours_w13"] * 1e-6) / bw
+    res["pct_copy"]["ours_w2"] = 100 * by["w2"] / (t["ours_w2"] * 1e-6) / bw
+    res["pct_copy"]["vllm_w13"] = 100 * by["w13"] / (t["vllm_w13"] * 1e-6) / bw
+    res["pct_copy"]["vllm_w2"] = 100 * by["w2"] / (t["vllm_w2"] * 1e-6) / bw
+    return res
+
+
+def print_table(rows: list[dict], copy_tbs: float) -> None:
+    log(f"\ncopy ceiling {copy_tbs:.2f} TB/s (read+write); CUDA-graph µs per layer, median; "
+        "%cp = LoRA weight bytes of the distinct pairs / time / copy ceiling")
+    log(f"{'M':>5}{'pairs':>7} | {'vLLM13':>7}{'vLLM2':>7}{'vLLM':>7} | {'ours13':>7}{'ours2':>7}"
+        f"{'ours':>7}{'x':>6} | {'align':>6}{'s13':>6}{'e13':>6}{'s2':>6}{'e2':>6} | "
+        f"{'%cp13':>6}{'%cp2':>6}{'%s13':>5}{'%e13':>5}{'%s2':>5}{'%e2':>5}{'%v13':>5}{'%v2':>5}"
+        f" | {'err13':>8}{'err2':>8}{'vErr13':>8}")
+    for r in rows:
+        if "us" not in r:
+            log(f"{r['M']:>5}  failed: {r.get('error', '?')[-200:]}")
+            continue
+        t, p = r["us"], r["pct_copy"]
+        log(f"{r['M']:>5}{r['pairs']:>7.1f} | {t['vllm_w13']:>7.1f}{t['vllm_w2']:>7.1f}"
+            f"{r['vllm_total']:>7.1f} | {t['ours_w13']:>7.1f}{t['ours_w2']:>7.1f}"
+            f"{r['ours_total']:>7.1f}{r['speedup']:>6.2f} | {t['align']:>6.1f}{t['s13']:>6.1f}"
+            f"{t['e13']:>6.1f}{t['s2']:>6.1f}{t['e2']:>6.1f} | {p['ours_w13']:>6.1f}"
+            f"{p['ours_w2']:>6.1f}{p['s13']:>5.0f}{p['e13']:>5.0f}{p['s2']:>5.0f}{p['e2']:>5.0f}"
+            f"{p['vllm_w13']:>5.1f}{p['vllm_w2']:>5.1f} | {r['err13_ours']:>8.1e}"
+            f"{r['err2_ours']:>8.1e}{r['err13_vllm']:>8.1e}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ms", default="1,4,16,64,256,1024")
+    ap.add_argument("--layers", type=int, default=32)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    import triton
+    import vllm
+    from vllm.lora.punica_wrapper.punica_gpu import PunicaWrapperGPU
+
+    info = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "device": torch.cuda.get_device_name(0), "vllm": vllm.__version__,
+            "torch": torch.__version__, "triton": triton.__version__, "layers": args.layers,
+            "shape": dict(H=H, I=I, E=E, top_k=TOPK, slots=NL, rank=R)}
+    log(json.dumps(info))
+    copy_tbs = copy_bandwidth_tbs()
+    info["copy_tbs"] = copy_tbs
+    gen = torch.Generator(device="cuda").manual_seed(1234)
+    lay = Layers(args.layers, gen)
+    pw = PunicaWrapperGPU(8192, 256, torch.device("cuda"),
+                          lora_config=SimpleNamespace(max_loras=NL, specialize_active_lora=False))
+    rows = []
+    for m in [int(v) for v in args.ms.split(",")]:
+        try:
+            r = run_m(m, lay, gen, pw, copy_tbs)
+        except Exception as exc:  # keep the other sizes going; the error is reported
+            import traceback
+
+            traceback.print_exc()
+            r = {"M": m, "error": repr(exc)}
+        rows.append(r)
+        log(json.dumps(r, default=str))
+        torch.cuda.empty_cache()
+    info["rows"] = rows
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(info, f, indent=1, default=str)
+    print_table(rows, copy_tbs)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

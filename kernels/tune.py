@@ -1,0 +1,221 @@
+"""Tunes the MoE-LoRA Triton ops per batch-size bucket and writes ``kernels/configs/*.json``.
+
+For each M bucket and each block size BM: every shrink config (block_k, split_k, warps, stages)
+is timed, the fastest kept; then every expand config (block_n, warps) on that shrink's partials;
+the BM with the lowest sum over the four ops plus the align wins; last, PDL on/off for the whole
+layer. Times are CUDA-graph replays over distinct layers (weights from HBM), median.
+
+Run on the GPU machine: ``python -m kernels.tune [--model gpt-oss-20b|qwen3-30b-a3b]
+[--ms 1,2,4,...] [--layers 16] [--out kernels/configs]``; it merges into the device's file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from kernels.moe_lora_align import align_moe_lora
+from kernels.triton_moe_lora import moe_lora_expand, moe_lora_shrink
+from kernels.triton_moe_lora_configs import (
+    CONFIG_DIR,
+    OpConfig,
+    device_slug,
+    dump_layer_config,
+    shape_key,
+)
+
+MODELS = {
+    # hidden, intermediate, experts, top_k, gate_up slices (1: shared-A 3-D layout, 2: gate/up)
+    "gpt-oss-20b": (2880, 2880, 32, 4, 1),
+    "qwen3-30b-a3b": (2048, 768, 128, 8, 2),
+}
+MS_DEFAULT = "1,2,4,8,16,32,64,128,256,512,1024,2048,4096"
+SHRINK_SPACE = dict(block_k=(64, 128), split_k=(1, 2, 4, 8, 16), num_warps=(4,),
+                    num_stages=(2, 3, 4))
+EXPAND_SPACE = dict(block_n=(64, 128, 256), num_warps=(4, 8), num_stages=(1,))
+
+
+def log(*a) -> None:
+    print(*a, flush=True)
+
+
+def graph_us(fn, n_layers: int, trials: int = 10) -> float:
+    """Median µs per layer of a CUDA graph of ``fn()`` over n_layers layers."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    g.replay()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(trials):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b))
+    return statistics.median(ts) * 1e3 / n_layers
+
+
+def space(d: dict) -> list[OpConfig]:
+    keys = list(d)
+    return [OpConfig(**dict(zip(keys, v))) for v in itertools.product(*d.values())]
+
+
+def bm_choices(rows: int) -> list[int]:
+    if rows <= 256:
+        return [16]
+    if rows <= 2048:
+        return [16, 32, 64]
+    return [32, 64]
+
+
+class Problem:
+    """Random stacks for n layers of one model shape, bf16; 8 slots of the given rank."""
+
+    def __init__(self, model: str, n: int, slots: int, rank: int, gen: torch.Generator):
+        self.h, self.i, self.e, self.k, self.s = MODELS[model]
+        self.n, self.slots, self.rank = n, slots, rank
+
+        def rnd(shape, std):
+            return torch.empty(shape, dtype=torch.bfloat16, device="cuda").normal_(
+                0.0, std, generator=gen)
+
+        L, E, r, H, I, S = slots, self.e, rank, self.h, self.i, self.s
+        n13 = 2 * I // S
+        self.a13 = [tuple(rnd((L, E, r, H), H**-0.5) for _ in range(S)) for _ in range(n)]
+        self.b13 = [tuple(rnd((L, E, n13, r), r**-0.5) for _ in range(S)) for _ in range(n)]
+        self.a2 = [rnd((L, E, r, I), I**-0.5) for _ in range(n)]
+        self.b2 = [rnd((L, E, H, r), r**-0.5) for _ in range(n)]
+
+
+def tune_m(p: Problem, m: int, gen: torch.Generator) -> tuple[dict, dict]:
+    dev = torch.device("cuda")
+    n, K = p.n, p.k
+    slot = (torch.arange(m, device=dev) % p.slots).to(torch.int32)
+    enabled = torch.ones(p.slots, dtype=torch.int32, device=dev)
+    ids = [torch.rand(m, p.e, device=dev, generator=gen).argsort(dim=1)[:, :K]
+           .to(torch.int32).contiguous() for _ in range(n)]
+    tw = [torch.softmax(torch.randn(m, K, device=dev, generator=gen), -1) for _ in range(n)]
+    x = torch.randn(m, p.h, device=dev, generator=gen).to(torch.bfloat16)
+    hh = torch.randn(m * K, p.i, device=dev, generator=gen).to(torch.bfloat16)
+    y13 = torch.zeros(m * K, 2 * p.i, device=dev, dtype=torch.bfloat16)
+    y2 = torch.zeros(m * K, p.h, device=dev, dtype=torch.bfloat16)
+    best_total, best_cfg, report = float("inf"), None, {}
+    for bm in bm_choices(m * K):
+        blocks = [align_moe_lora(ids[l], slot, enabled, p.e, bm) for l in range(n)]
+        t_align = graph_us(lambda: [align_moe_lora(ids[l], slot, enabled, p.e, bm)
+                                    for l in range(n)], n)
+        cfg, total = {"block_m": bm, "pdl": False}, t_align
+        for op, xin, a, b, div, yy, w in (("13", x, p.a13, p.b13, K, y13, None),
+                                          ("2", hh, p.a2, p.b2, 1, y2, tw)):
+            timed = []
+            for c in space(SHRINK_SPACE):
+                if c.split_k > 1 and c.split_k * c.block_k > xin.shape[1]:
+                    continue
+                try:
+                    us = graph_us(lambda: [moe_lora_shrink(xin, a[l], blocks[l], div, c)
+                                           for l in range(n)], n)
+                except Exception as exc:  # a config the compiler rejects is skipped
+                    log(f"  skip shrink{op} {c}: {exc!r}"[:200])
+                    continue
+                timed.append((us, c))
+            us_s, c_s = min(timed, key=lambda t: t[0])
+            parts = [moe_lora_shrink(xin, a[l], blocks[l], div, c_s) for l in range(n)]
+            timed = []
+            for c in space(EXPAND_SPACE):
+                try:
+                    us = graph_us(lambda: [moe_lora_expand(yy, parts[l], b[l], blocks[l], c,
+                                                           topk_weights=None if w is None else w[l])
+                                           for l in range(n)], n)
+                except Exception as exc:
+                    log(f"  skip expand{op} {c}: {exc!r}"[:200])
+                    continue
+                timed.append((us, c))
+            us_e, c_e = min(timed, key=lambda t: t[0])
+            cfg[f"shrink{op}"], cfg[f"expand{op}"] = c_s, c_e
+            total += us_s + us_e
+            report[f"bm{bm}_shrink{op}"], report[f"bm{bm}_expand{op}"] = us_s, us_e
+        report[f"bm{bm}_align"] = t_align
+        report[f"bm{bm}_total"] = total
+        log(f"M={m} BM={bm}: align {t_align:.1f} total {total:.1f} us  {cfg}")
+        if total < best_total:
+            best_total, best_cfg, best_blocks = total, cfg, blocks
+    # PDL on the whole layer (align + 4 ops) with the chosen tiles
+    from kernels.triton_moe_lora import _pdl_ok
+
+    if _pdl_ok(x):
+        def layer(pdl):
+            out = []
+            for l in range(n):
+                blk = align_moe_lora(ids[l], slot, enabled, p.e, best_cfg["block_m"])
+                pt = moe_lora_shrink(x, p.a13[l], blk, K, best_cfg["shrink13"], use_pdl=pdl)
+                moe_lora_expand(y13, pt, p.b13[l], blk, best_cfg["expand13"], use_pdl=pdl)
+                pt = moe_lora_shrink(hh, p.a2[l], blk, 1, best_cfg["shrink2"], use_pdl=pdl)
+                moe_lora_expand(y2, pt, p.b2[l], blk, best_cfg["expand2"], topk_weights=tw[l],
+                                use_pdl=pdl)
+                out.append(pt)
+            return out
+
+        try:
+            off, on = graph_us(lambda: layer(False), n), graph_us(lambda: layer(True), n)
+            report["layer_pdl_off"], report["layer_pdl_on"] = off, on
+            best_cfg["pdl"] = on < 0.97 * off
+            log(f"M={m}: layer {off:.1f} us without PDL, {on:.1f} with")
+        except Exception as exc:
+            log(f"M={m}: PDL failed: {exc!r}"[:300])
+    del best_blocks
+    return best_cfg, report
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="gpt-oss-20b", choices=sorted(MODELS))
+    ap.add_argument("--ms", default=MS_DEFAULT)
+    ap.add_argument("--layers", type=int, default=16)
+    ap.add_argument("--slots", type=int, default=8)
+    ap.add_argument("--rank", type=int, default=32)
+    ap.add_argument("--out", default=str(CONFIG_DIR))
+    ap.add_argument("--report", default=None, help="JSON file for all timings")
+    args = ap.parse_args(argv)
+    gen = torch.Generator(device="cuda").manual_seed(4321)
+    p = Problem(args.model, args.layers, args.slots, args.rank, gen)
+    name = torch.cuda.get_device_name(0)
+    key = shape_key(p.h, p.i, p.e, p.k, p.rank, p.slots)
+    path = Path(args.out) / f"moe_lora_{device_slug(name)}.json"
+    data = json.loads(path.read_text()) if path.is_file() else {"device": name, "shapes": {}}
+    import triton
+
+    data.setdefault("provenance", {})[key] = {
+        "date": time.strftime("%Y-%m-%d", time.gmtime()), "torch": torch.__version__,
+        "triton": triton.__version__, "command": "python -m kernels.tune " + " ".join(argv or sys.argv[1:]),
+        "layers": args.layers}
+    buckets, reports = data["shapes"].setdefault(key, {}), {}
+    t0 = time.time()
+    for m in [int(v) for v in args.ms.split(",")]:
+        cfg, rep = tune_m(p, m, gen)
+        buckets[str(m)] = dump_layer_config(cfg)
+        reports[str(m)] = rep
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+        log(f"[{time.time() - t0:.0f}s] M={m} done -> {path}")
+        torch.cuda.empty_cache()
+    if args.report:
+        Path(args.report).write_text(json.dumps(reports, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
