@@ -1,0 +1,294 @@
+"""Engine residency: the one table of adapters registered with this replica's vLLM engine.
+
+The table is the single truth: an adapter is registered with the engine (``add_lora``) if and
+only if it has a row here. Capacity = the engine's ``max_cpu_loras``. Rows are kept in LRU
+order; a row is pinned while requests use it (``active > 0``) or by the operator, and only
+idle, unpinned rows are evicted. Eviction calls ``remove_lora`` first and releases the disk
+cache pin after it returned, so the cache can never delete a folder the engine may still
+reload from (which would kill a vLLM engine). vLLM's own LRU never evicts because the table
+never registers more than ``max_cpu_loras`` adapters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, AsyncIterator, Callable, Protocol
+
+from . import metrics
+from .cache import AdapterCache
+from .errors import AdapterConflict, AdapterLoadFailed, RegistryError, SlotsExhausted
+from .manifest import AdapterManifest
+from .store import AdapterStore
+
+log = logging.getLogger(__name__)
+
+
+class EngineLoraOps(Protocol):
+    """The two vLLM ``AsyncLLM`` methods the table drives."""
+
+    async def add_lora(self, lora_request: Any) -> bool: ...
+
+    async def remove_lora(self, lora_int_id: int) -> bool: ...
+
+
+RequestFactory = Callable[[AdapterManifest, int, Path], Any]
+
+
+def vllm_lora_request(manifest: AdapterManifest, lora_int_id: int, path: Path) -> Any:
+    """``vllm.lora.request.LoRARequest`` named ``<id>@v<version>``."""
+    from vllm.lora.request import LoRARequest
+
+    return LoRARequest(lora_name=manifest.lora_name, lora_int_id=lora_int_id, lora_path=str(path))
+
+
+@dataclass
+class Slot:
+    """One row: an adapter version registered (or being registered) with the engine."""
+
+    manifest: AdapterManifest
+    lora_int_id: int
+    active: int = 0
+    operator_pinned: bool = False
+    last_used: float = field(default_factory=time.monotonic)
+    request: Any = None
+    path: Path | None = None
+    ready: asyncio.Future | None = None
+
+    @property
+    def loaded(self) -> bool:
+        return self.ready is not None and self.ready.done() and not self.ready.cancelled() and self.ready.exception() is None
+
+    def view(self) -> dict:
+        return {
+            "adapter_id": self.manifest.adapter_id,
+            "version": self.manifest.version,
+            "lora_name": self.manifest.lora_name,
+            "lora_int_id": self.lora_int_id,
+            "active_requests": self.active,
+            "operator_pinned": self.operator_pinned,
+            "loaded": self.loaded,
+            "idle_s": round(time.monotonic() - self.last_used, 3),
+        }
+
+
+class AdapterSlots:
+    """LRU table of engine-registered adapters with pinning (see module doc)."""
+
+    def __init__(
+        self,
+        engine: EngineLoraOps,
+        cache: AdapterCache,
+        capacity: int,
+        *,
+        request_factory: RequestFactory = vllm_lora_request,
+        acquire_timeout_s: float = 10.0,
+    ) -> None:
+        if capacity < 1:
+            raise ValueError("capacity must be >= 1")
+        self.engine = engine
+        self.cache = cache
+        self.capacity = capacity
+        self.request_factory = request_factory
+        self._table: OrderedDict[str, Slot] = OrderedDict()
+        self._next_int_id = 1
+        self.acquire_timeout_s = acquire_timeout_s
+        self._freed = asyncio.Event()
+        self.stats = {"hits": 0, "misses": 0, "evictions": 0, "failures": 0}
+
+    # ---- reports --------------------------------------------------------------------------------
+    def resident(self) -> list[str]:
+        """Adapter ids with a loaded row (for Ray Serve's multiplexed-model report), LRU order."""
+        seen: dict[str, None] = {}
+        for s in self._table.values():
+            if s.loaded:
+                seen[s.manifest.adapter_id] = None
+        return list(seen)
+
+    def snapshot(self) -> list[dict]:
+        """Rows in LRU order (least recently used first)."""
+        return [s.view() for s in self._table.values()]
+
+    @property
+    def free_slots(self) -> int:
+        return self.capacity - len(self._table)
+
+    # ---- the request path -----------------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def use(self, store: AdapterStore, manifest: AdapterManifest) -> AsyncIterator[Any]:
+        """Make ``manifest`` resident and yield its ``LoRARequest``; the row stays pinned inside.
+
+        When every row is busy, waits up to ``acquire_timeout_s`` for one to become idle, then
+        raises :class:`SlotsExhausted` (503 with a retry hint).
+        """
+        slot = await self._acquire(store, manifest)
+        try:
+            yield slot.request
+        finally:
+            self._release(slot)
+
+    async def _acquire(self, store: AdapterStore, manifest: AdapterManifest) -> Slot:
+        name = manifest.lora_name
+        deadline = time.monotonic() + self.acquire_timeout_s
+        while True:
+            slot = self._table.get(name)
+            if slot is not None and slot.manifest.content_digest != manifest.content_digest:
+                if slot.active or slot.operator_pinned:
+                    raise AdapterConflict(f"{name} is resident with other content and in use; retry shortly")
+                self._table.pop(name)
+                await self._unregister(slot)
+                continue
+            if slot is not None:
+                self.stats["hits"] += 1
+                metrics.LOOKUPS.labels("engine", "hit").inc()
+                slot.active += 1
+                slot.last_used = time.monotonic()
+                self._table.move_to_end(name)
+                break
+            try:
+                victim = self._reserve_room(name)
+            except SlotsExhausted:
+                freed = self._freed
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise
+                try:
+                    await asyncio.wait_for(freed.wait(), remaining)
+                except asyncio.TimeoutError:
+                    pass
+                continue  # state changed (or time is up): look again
+            self.stats["misses"] += 1
+            metrics.LOOKUPS.labels("engine", "miss").inc()
+            slot = Slot(manifest, self._next_int_id, active=1)
+            self._next_int_id += 1
+            self._table[name] = slot
+            slot.ready = asyncio.ensure_future(self._load(slot, store, victim))
+            slot.ready.add_done_callback(_retrieve)
+            break
+        try:
+            await asyncio.shield(slot.ready)
+        except BaseException:
+            self._release(slot)
+            raise
+        return slot
+
+    def _release(self, slot: Slot) -> None:
+        slot.active -= 1
+        slot.last_used = time.monotonic()
+        if slot.active == 0:
+            self._signal()
+
+    def _signal(self) -> None:
+        """Wake requests waiting for a slot (a row became idle or left the table)."""
+        self._freed.set()
+        self._freed = asyncio.Event()
+
+    def _reserve_room(self, name: str) -> Slot | None:
+        """Take the LRU idle row out of the table when full (synchronous: no race)."""
+        if len(self._table) < self.capacity:
+            return None
+        for s in self._table.values():
+            if not s.active and not s.operator_pinned and s.loaded:
+                del self._table[s.manifest.lora_name]
+                return s
+        busy = ", ".join(f"{k} ({s.active} active{', pinned' if s.operator_pinned else ''})" for k, s in self._table.items())
+        raise SlotsExhausted(
+            f"all {self.capacity} adapter slots of this replica are in use ({busy}); {name} cannot be loaded now, "
+            "retry shortly or raise engine.max_cpu_loras"
+        )
+
+    async def _load(self, slot: Slot, store: AdapterStore, victim: Slot | None) -> None:
+        name = slot.manifest.lora_name
+        t0 = time.perf_counter()
+        try:
+            if victim is not None:
+                await self._unregister(victim)
+            path = await self.cache.ensure_local(store, slot.manifest, pin=True)
+            try:
+                request = self.request_factory(slot.manifest, slot.lora_int_id, path)
+                ok = await self.engine.add_lora(request)
+                if not ok:
+                    raise AdapterLoadFailed(f"the engine refused to register {name}")
+            except BaseException as e:
+                with contextlib.suppress(Exception):
+                    await self.engine.remove_lora(slot.lora_int_id)
+                self.cache.unpin(slot.manifest)
+                if isinstance(e, RegistryError) or not isinstance(e, Exception):
+                    raise
+                raise AdapterLoadFailed(f"the engine failed to register {name}: {type(e).__name__}: {e}") from e
+            slot.request, slot.path = request, path
+            metrics.LOAD_SECONDS.labels("engine").observe(time.perf_counter() - t0)
+            metrics.RESIDENT.set(len(self._table))
+        except BaseException as e:
+            if self._table.get(name) is slot:
+                del self._table[name]
+                self._signal()
+            self.stats["failures"] += 1
+            metrics.FAILURES.labels("engine", type(e).__name__).inc()
+            raise
+
+    async def _unregister(self, slot: Slot) -> None:
+        """``remove_lora`` first; only then may the cache delete the folder."""
+        self.stats["evictions"] += 1
+        metrics.EVICTIONS.labels("engine").inc()
+        try:
+            await self.engine.remove_lora(slot.lora_int_id)
+        except Exception:
+            # The engine may still hold the folder: keep the cache pin (a leak beats a dead engine).
+            log.exception("remove_lora(%s) failed; keeping its files", slot.manifest.lora_name)
+            return
+        self.cache.unpin(slot.manifest)
+        metrics.RESIDENT.set(len(self._table))
+        self._signal()
+
+    # ---- operator actions -----------------------------------------------------------------------
+    async def pin(self, store: AdapterStore, manifest: AdapterManifest) -> None:
+        """Load ``manifest`` if needed and keep it resident until :meth:`unpin`."""
+        pinned = sum(1 for s in self._table.values() if s.operator_pinned)
+        row = self._table.get(manifest.lora_name)
+        if (row is None or not row.operator_pinned) and pinned + 1 >= self.capacity and self.capacity > 1:
+            raise AdapterConflict(
+                f"pinning {manifest.lora_name} would leave no evictable slot ({pinned} of {self.capacity} pinned); "
+                "unpin another adapter first"
+            )
+        async with self.use(store, manifest):
+            self._table[manifest.lora_name].operator_pinned = True
+
+    def unpin(self, adapter_id: str) -> int:
+        """Clear the operator pin of every resident version of ``adapter_id``; returns rows changed."""
+        n = 0
+        for s in self._table.values():
+            if s.manifest.adapter_id == adapter_id and s.operator_pinned:
+                s.operator_pinned = False
+                n += 1
+        return n
+
+    async def retire(self, adapter_id: str, keep_version: int | None = None) -> int:
+        """Unregister idle rows of ``adapter_id`` (all versions but ``keep_version``); busy rows stay
+        until LRU eviction. Call after a delete or a new version. Returns rows removed."""
+        rows = [
+            s for s in self._table.values()
+            if s.manifest.adapter_id == adapter_id and s.manifest.version != keep_version
+            and not s.active and s.loaded
+        ]
+        for s in rows:
+            if self._table.get(s.manifest.lora_name) is s:
+                del self._table[s.manifest.lora_name]
+                await self._unregister(s)
+        return len(rows)
+
+    async def clear(self) -> None:
+        """Unregister every idle row (shutdown)."""
+        for s in [s for s in self._table.values() if not s.active and s.loaded]:
+            self._table.pop(s.manifest.lora_name, None)
+            await self._unregister(s)
+
+
+def _retrieve(fut: asyncio.Future) -> None:
+    if not fut.cancelled():
+        fut.exception()

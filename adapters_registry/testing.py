@@ -1,0 +1,162 @@
+"""Builders of tiny base models and adapters for tests and benchmarks (no downloads).
+
+``tiny_base_dir`` writes the tiny Qwen3-MoE config the CPU stack uses; ``peft_adapter`` trains
+nothing but saves a real PEFT adapter with random (non-zero) LoRA weights on that model;
+``synthetic_adapter`` writes PEFT-named tensors straight from shapes, for any base (used for
+the GPT-OSS-20B-sized benchmark adapter and for hostile variants).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+from .manifest import CONFIG_NAME, WEIGHTS_NAME, BaseModelInfo
+
+TINY_QWEN3_MOE = dict(
+    vocab_size=512, hidden_size=128, intermediate_size=256, moe_intermediate_size=64, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_experts=8, num_experts_per_tok=2,
+    norm_topk_prob=True,
+)
+
+# GPT-OSS-20B's config.json fields that decide LoRA shapes.
+GPT_OSS_20B = dict(
+    architectures=["GptOssForCausalLM"], model_type="gpt_oss", hidden_size=2880, intermediate_size=2880,
+    num_local_experts=32, num_hidden_layers=24, num_attention_heads=64, num_key_value_heads=8, head_dim=64,
+    vocab_size=201088,
+)
+
+ATTN = ["q_proj", "k_proj", "v_proj", "o_proj"]
+
+
+def tiny_base_dir(path: str | Path, with_weights: bool = False, seed: int = 0) -> Path:
+    """A HF folder of the tiny Qwen3-MoE (config only unless ``with_weights``)."""
+    from transformers import Qwen3MoeConfig
+
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = Qwen3MoeConfig(**TINY_QWEN3_MOE, architectures=["Qwen3MoeForCausalLM"])
+    if with_weights:
+        import torch
+        from transformers import Qwen3MoeForCausalLM
+
+        torch.manual_seed(seed)
+        Qwen3MoeForCausalLM(cfg).save_pretrained(out)
+    else:
+        cfg.save_pretrained(out)
+    return out
+
+
+def peft_adapter(
+    path: str | Path,
+    base_dir: str | Path,
+    kind: Literal["attn", "experts3d"] = "attn",
+    r: int = 8,
+    alpha: int = 16,
+    seed: int = 0,
+):
+    """Save a PEFT LoRA adapter with random weights; returns the PEFT model (for merging checks)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoConfig, Qwen3MoeForCausalLM
+
+    torch.manual_seed(seed)
+    model = Qwen3MoeForCausalLM(AutoConfig.from_pretrained(base_dir))
+    kw: dict = {"target_modules": list(ATTN)}
+    if kind == "experts3d":
+        kw["target_parameters"] = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
+    peft_model = get_peft_model(model, LoraConfig(r=r, lora_alpha=alpha, init_lora_weights=False, **kw))
+    peft_model.save_pretrained(str(path))
+    return peft_model
+
+
+def synthetic_adapter(
+    path: str | Path,
+    base: BaseModelInfo,
+    r: int = 8,
+    alpha: int = 16,
+    attn: list[str] | None = None,
+    experts: Literal["none", "2d", "3d"] = "none",
+    dtype: str = "float32",
+    seed: int = 0,
+    scale: float = 0.01,
+) -> Path:
+    """PEFT-named random LoRA tensors for ``base`` (shapes from its config)."""
+    import torch
+    from safetensors.torch import save_file
+
+    attn = ATTN if attn is None else attn
+    g = torch.Generator().manual_seed(seed)
+    dt = getattr(torch, dtype)
+    shapes = base.module_shapes()
+    tensors: dict[str, torch.Tensor] = {}
+
+    def rnd(*shape):
+        return (torch.randn(*shape, generator=g) * scale).to(dt)
+
+    for layer in range(base.num_layers):
+        p = f"base_model.model.model.layers.{layer}"
+        for m in attn:
+            d_in, d_out = shapes[m]
+            tensors[f"{p}.self_attn.{m}.lora_A.weight"] = rnd(r, d_in)
+            tensors[f"{p}.self_attn.{m}.lora_B.weight"] = rnd(d_out, r)
+        if experts == "3d" and base.is_moe_layer(layer):
+            e_, ex = base.num_experts, base.expert_shapes()
+            h, i2 = ex["gate_up_proj"]
+            i, _ = ex["down_proj"]
+            tensors[f"{p}.mlp.experts.base_layer.lora_A.weight"] = rnd(e_ * r, h)
+            tensors[f"{p}.mlp.experts.base_layer.lora_B.weight"] = rnd(i2, r * e_)
+            tensors[f"{p}.mlp.experts.lora_A.weight"] = rnd(e_ * r, i)
+            tensors[f"{p}.mlp.experts.lora_B.weight"] = rnd(h, r * e_)
+        elif experts == "2d" and base.is_moe_layer(layer):
+            for e in range(base.num_experts):
+                for leaf in ("gate_proj", "up_proj", "down_proj"):
+                    d_in, d_out = base.expert_shapes()[leaf]
+                    tensors[f"{p}.mlp.experts.{e}.{leaf}.lora_A.weight"] = rnd(r, d_in)
+                    tensors[f"{p}.mlp.experts.{e}.{leaf}.lora_B.weight"] = rnd(d_out, r)
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out / WEIGHTS_NAME), metadata={"format": "pt"})
+    targets = list(attn) + (["gate_proj", "up_proj", "down_proj"] if experts == "2d" else [])
+    cfg = {
+        "peft_type": "LORA", "r": r, "lora_alpha": alpha, "target_modules": targets,
+        "target_parameters": ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"] if experts == "3d" else None,
+        "lora_dropout": 0.0, "bias": "none", "use_dora": False, "fan_in_fan_out": False,
+        "modules_to_save": None, "base_model_name_or_path": base.name, "task_type": "CAUSAL_LM",
+    }
+    (out / CONFIG_NAME).write_text(json.dumps(cfg, indent=2))
+    return out
+
+
+_ASSETS: dict[str, Path] | None = None
+
+
+def tiny_assets() -> dict[str, Path]:
+    """Build once per process (in a temp folder removed at exit): ``base`` (config only), ``attn``
+    and ``experts3d`` (PEFT adapters on the tiny Qwen3-MoE)."""
+    global _ASSETS
+    if _ASSETS is None:
+        import atexit
+        import shutil
+        import tempfile
+
+        root = Path(tempfile.mkdtemp(prefix="loraplex-registry-assets-"))
+        atexit.register(shutil.rmtree, root, True)
+        base = tiny_base_dir(root / "base")
+        peft_adapter(root / "attn", base, "attn", seed=1)
+        peft_adapter(root / "experts3d", base, "experts3d", seed=2)
+        _ASSETS = {"root": root, "base": base, "attn": root / "attn", "experts3d": root / "experts3d"}
+    return _ASSETS
+
+
+def asynctest(fn):
+    """Run an ``async def`` test function with ``asyncio.run`` (no pytest plugin needed)."""
+    import asyncio
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        return asyncio.run(fn(*args, **kwargs))
+
+    return wrapper
