@@ -77,14 +77,15 @@ def has_expert_lora(config: dict, tensor_names: list[str] | None = None) -> bool
 
 
 def fused_to_per_expert(
-    tensors: dict[str, torch.Tensor], config: dict
+    tensors: dict[str, torch.Tensor], config: dict, gate_up_interleaved: bool = False
 ) -> tuple[dict[str, torch.Tensor], dict]:
     """Converts fused 3-D expert LoRA tensors to per-expert 2-D ones; returns (tensors, config).
 
     ``tensors``: the adapter's state dict (PEFT key names). Keys that are not fused expert LoRA
     pass through unchanged. The returned config has ``target_parameters`` removed and the
     per-expert module names added to ``target_modules``. Raises ``AdapterLayoutError`` on shapes
-    that do not fit the declared layout.
+    that do not fit the declared layout. ``gate_up_interleaved``: the fused ``gate_up_proj`` rows
+    alternate gate/up (GPT-OSS) instead of ``[gate; up]`` halves (Qwen3-MoE and most others).
     """
     targets = fused_expert_targets(config)
     if not targets:
@@ -114,7 +115,7 @@ def fused_to_per_expert(
             for name, depth in zip(targets, sorted(by_depth, reverse=True))
         }
         _check_fused_shapes(prefix, pairs, r)
-        out.update(_split_pairs(prefix, pairs, r))
+        out.update(_split_pairs(prefix, pairs, r, gate_up_interleaved))
     new_config = dict(config)
     new_config.pop("target_parameters", None)
     modules = config.get("target_modules") or []
@@ -152,7 +153,7 @@ def _check_fused_shapes(prefix: str, pairs: dict[str, dict[str, torch.Tensor]], 
 
 
 def _split_pairs(
-    prefix: str, pairs: dict[str, dict[str, torch.Tensor]], r: int
+    prefix: str, pairs: dict[str, dict[str, torch.Tensor]], r: int, interleaved: bool
 ) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     for name, pair in pairs.items():
@@ -163,8 +164,11 @@ def _split_pairs(
         for e in range(num_experts):
             b_e = b[:, :, e]
             if name == GATE_UP:
-                half = b_e.shape[0] // 2
-                parts = {"gate_proj": b_e[:half], "up_proj": b_e[half:]}
+                if interleaved:
+                    parts = {"gate_proj": b_e[0::2], "up_proj": b_e[1::2]}
+                else:
+                    half = b_e.shape[0] // 2
+                    parts = {"gate_proj": b_e[:half], "up_proj": b_e[half:]}
             else:
                 parts = {"down_proj": b_e}
             for module, b_part in parts.items():
@@ -174,7 +178,9 @@ def _split_pairs(
     return out
 
 
-def convert_adapter_dir(src: str | Path, dst: str | Path) -> bool:
+def convert_adapter_dir(
+    src: str | Path, dst: str | Path, gate_up_interleaved: bool = False
+) -> bool:
     """Writes ``src`` to ``dst`` with fused 3-D expert LoRA converted to per-expert 2-D.
 
     Other files are copied unchanged. Returns True if a conversion happened, False if the adapter
@@ -187,7 +193,9 @@ def convert_adapter_dir(src: str | Path, dst: str | Path) -> bool:
     if not is_fused_expert_adapter(config):
         shutil.copytree(src, dst)
         return False
-    new_tensors, new_config = fused_to_per_expert(load_file(str(src / ADAPTER_WEIGHTS)), config)
+    new_tensors, new_config = fused_to_per_expert(
+        load_file(str(src / ADAPTER_WEIGHTS)), config, gate_up_interleaved
+    )
     shutil.copytree(src, dst)
     try:
         save_file(new_tensors, str(dst / ADAPTER_WEIGHTS), metadata={"format": "pt"})
