@@ -202,12 +202,16 @@ class AdapterStore(ABC):
         """Release clients/connections (no-op by default)."""
 
 
-def open_store(uri: str, endpoint_url: str | None = None) -> AdapterStore:
-    """``file:///path`` (or a plain path) → local store; ``s3://bucket/prefix`` → S3 store."""
+def open_store(uri: str, endpoint_url: str | None = None, **s3_options) -> AdapterStore:
+    """``file:///path`` (or a plain path) → local store; ``s3://bucket/prefix`` → S3 store.
+
+    ``s3_options``: :class:`~adapters_registry.store_s3.S3AdapterStore` tuning (timeouts, attempts,
+    part size, concurrency); ignored for local stores.
+    """
     if uri.startswith("s3://"):
         from .store_s3 import S3AdapterStore
 
-        return S3AdapterStore(uri, endpoint_url=endpoint_url)
+        return S3AdapterStore(uri, endpoint_url=endpoint_url, **s3_options)
     from .store_local import LocalAdapterStore
 
     return LocalAdapterStore(uri)

@@ -160,3 +160,132 @@ def asynctest(fn):
         return asyncio.run(fn(*args, **kwargs))
 
     return wrapper
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+S3_TEST_ENV = {
+    "AWS_ACCESS_KEY_ID": "loraplex-test",
+    "AWS_SECRET_ACCESS_KEY": "loraplex-test-secret",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+
+
+class MotoS3:
+    """moto's S3 server on 127.0.0.1 (in-process thread), with test credentials in the environment."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self._saved: dict[str, str | None] = {}
+
+    def __enter__(self) -> "MotoS3":
+        import os
+
+        from moto.server import ThreadedMotoServer
+
+        for k, v in S3_TEST_ENV.items():
+            self._saved[k] = os.environ.get(k)
+            os.environ[k] = v
+        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
+        self.server.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import os
+
+        self.server.stop()
+        for k, v in self._saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+    def client(self):
+        import boto3
+
+        return boto3.client("s3", endpoint_url=self.endpoint)
+
+    def make_bucket(self, name: str) -> str:
+        self.client().create_bucket(Bucket=name)
+        return name
+
+
+class StallingProxy:
+    """A TCP proxy on 127.0.0.1 to ``target_port``; when ``stalled``, it accepts and then says nothing."""
+
+    def __init__(self, target_port: int) -> None:
+        import threading
+
+        self.target_port = target_port
+        self.port = free_port()
+        self.stalled = threading.Event()
+        self._stop = threading.Event()
+
+    def __enter__(self) -> "StallingProxy":
+        import socket
+        import threading
+
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", self.port))
+        self.sock.listen(64)
+        self.sock.settimeout(0.2)
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self.thread.join(5)
+        self.sock.close()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _serve(self) -> None:
+        import socket
+        import threading
+
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except (socket.timeout, OSError):
+                continue
+            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+
+    def _handle(self, conn) -> None:
+        import socket
+        import threading
+
+        if self.stalled.is_set():
+            self._stop.wait(30)
+            conn.close()
+            return
+        up = socket.create_connection(("127.0.0.1", self.target_port))
+
+        def pump(a, b):
+            try:
+                while data := a.recv(1 << 16):
+                    if self.stalled.is_set():
+                        self._stop.wait(30)
+                        break
+                    b.sendall(data)
+            except OSError:
+                pass
+            finally:
+                for s in (a, b):
+                    try:
+                        s.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+
+        threading.Thread(target=pump, args=(up, conn), daemon=True).start()
+        pump(conn, up)

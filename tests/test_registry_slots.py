@@ -99,7 +99,7 @@ async def test_lru_eviction_removes_from_engine_before_files(store, base, tmp_pa
             pass
     async with slots.use(store, ms[0]):  # ms[0] most recent: ms[1] is the LRU victim
         pass
-    async with slots.use(store, ms[2]) as req:
+    async with slots.use(store, ms[2]):
         assert engine.names() == {"ad0@v1", "ad2@v1"}
         # The cache had to make room, and could only take ms[1] after remove_lora released it.
         assert not cache.contains(ms[1]) and cache.contains(ms[0])
