@@ -29,6 +29,28 @@ from app.tenants import Tenant, TenantDirectory
 api = FastAPI(title="loraplex", description="Multi-tenant LoRA serving for MoE LLMs")
 READY_TIMEOUT_S = 30.0
 DEFAULT_MAX_TOKENS = 256
+# Helpers sit above the ingress class: @serve.ingress freezes the FastAPI app (and the globals its
+# routes see) when the class is decorated.
+
+
+async def _json_body(request: Request) -> dict[str, Any]:
+    try:
+        body = await request.json()
+    except Exception as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    return body
+
+
+def _estimate_tokens(body: dict[str, Any]) -> int:
+    """Rough upper estimate for budgets: ~4 characters a token for the prompt, plus max_tokens."""
+    prompt = body.get("messages") if "messages" in body else body.get("prompt")
+    max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or DEFAULT_MAX_TOKENS
+    try:
+        return len(json.dumps(prompt)) // 4 + int(max_tokens)
+    except (TypeError, ValueError):
+        return DEFAULT_MAX_TOKENS
 
 
 @serve.deployment(name="Gateway")
@@ -153,24 +175,3 @@ class Gateway:
                 yield item
 
         return StreamingResponse(relay(), media_type="text/event-stream")
-
-
-async def _json_body(request: Request) -> dict[str, Any]:
-    try:
-        body = await request.json()
-    except Exception as exc:
-        raise BadRequest(f"request body is not valid JSON: {exc}") from exc
-    if not isinstance(body, dict):
-        raise BadRequest("request body must be a JSON object")
-    return body
-
-
-def _estimate_tokens(body: dict[str, Any]) -> int:
-    """Rough upper estimate for budgets: ~4 characters a token for the prompt, plus max_tokens."""
-    prompt = body.get("messages") if "messages" in body else body.get("prompt")
-    max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or DEFAULT_MAX_TOKENS
-    try:
-        return len(json.dumps(prompt)) // 4 + int(max_tokens)
-    except (TypeError, ValueError):
-        return DEFAULT_MAX_TOKENS
-
