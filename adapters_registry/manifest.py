@@ -158,6 +158,23 @@ class BaseModelInfo(BaseModel):
             raise AdapterInvalid(f"cannot read base model config {p / 'config.json'}: {e}") from e
         return cls.from_config(cfg, name=str(path))
 
+    @classmethod
+    def from_model(cls, model: str) -> "BaseModelInfo":
+        """A local HF folder, or a hub id whose config is already in the local HF cache (no download
+        when ``HF_HUB_OFFLINE=1``)."""
+        if (Path(model).expanduser() / "config.json").is_file():
+            return cls.from_model_dir(Path(model).expanduser())
+        try:
+            from transformers import AutoConfig
+
+            cfg = AutoConfig.from_pretrained(model).to_dict()
+        except Exception as e:  # noqa: BLE001 - any failure means: no config to validate against
+            raise AdapterInvalid(
+                f"cannot read the base model config of {model!r} ({type(e).__name__}: {e}); "
+                "pass a local model folder"
+            ) from e
+        return cls.from_config(cfg, name=model)
+
     @property
     def ref(self) -> BaseModelRef:
         return BaseModelRef(name=self.name, architecture=self.architecture)
