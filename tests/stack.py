@@ -37,6 +37,8 @@ class Stack:
     proc: subprocess.Popen
     log_path: Path
     env: dict[str, str] = field(default_factory=dict)
+    store_uri: str = ""
+    s3_endpoint: str | None = None
 
     def headers(self, tenant: str) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.keys[tenant]}"}

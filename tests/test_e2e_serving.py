@@ -45,6 +45,14 @@ def test_adapters_match_peft_and_differ_from_base(serve_stack, embedded_model_di
         assert served != ref.greedy(embedded_model_dir, None, ids, MAX_TOKENS)
 
 
+def test_expert_lora_adapter_matches_peft(serve_stack, embedded_model_dir, demo_adapter_sources):
+    """An attention + MoE-expert adapter (pushed in PEFT's fused 3-D layout) equals PEFT exactly."""
+    for prompt in PROMPTS:
+        ids = ref.chat_prompt_ids(embedded_model_dir, prompt)
+        expected = ref.greedy(embedded_model_dir, demo_adapter_sources["acme-experts"], ids, MAX_TOKENS)
+        assert served_chat_ids(serve_stack, "acme", "acme-experts", prompt) == expected
+
+
 def test_per_adapter_route_streaming_completion(serve_stack, embedded_model_dir, demo_adapter_sources):
     """Streamed token ids equal PEFT's (text may withhold an incomplete trailing UTF-8 sequence)."""
     prompt = "the expert said"
