@@ -179,9 +179,9 @@ def run_m(m: int, lay: Layers, gen: torch.Generator, pw, copy_tbs: float) -> dic
     # per op, on preallocated partials
     from kernels.moe_lora_align import align_moe_lora
 
-    bm = int(cfg["block_m"])
-    t["align"] = graph_us(lambda: [align_moe_lora(ids[l], slot, enabled[:NL], E, bm)
-                                   for l in range(n)], n)
+    bm, naive = int(cfg["block_m"]), bool(cfg.get("naive"))
+    t["align"] = 0.0 if naive else graph_us(
+        lambda: [align_moe_lora(ids[l], slot, enabled[:NL], E, bm) for l in range(n)], n)
     p13 = [moe_lora_shrink(x, lay.a13[l], ops[l].blocks, TOPK, cfg["shrink13"]) for l in range(n)]
     p2 = [moe_lora_shrink(h, lay.a2[l], ops[l].blocks, 1, cfg["shrink2"]) for l in range(n)]
     t["s13"] = graph_us(lambda: [moe_lora_shrink(x, lay.a13[l], ops[l].blocks, TOPK,

@@ -17,6 +17,10 @@ Output (``MoELoRABlocks``), for the kernels in ``kernels/triton_moe_lora.py``:
 - ``num_blocks [1]``: blocks in use; programs of the LoRA kernels with a larger block index exit
   at once, so a batch without MoE-LoRA tokens costs only the launches.
 
+``naive=True`` skips the sort (no launch): block b is row b alone and the kernels read the row's
+adapter and expert themselves. For tiny batches, where rows seldom share a pair, that saves the
+align launch at the price of reading a pair's weights once per row.
+
 Rows of tokens without an adapter (``token_lora == -1``), of slots whose ``enabled`` entry is 0
 (an adapter without expert LoRA) and of experts < 0 (not local under expert parallelism) are in
 no block.
@@ -44,6 +48,10 @@ class MoELoRABlocks:
     num_rows: int
     top_k: int
     num_experts: int
+    naive: bool
+    topk_ids: torch.Tensor  # [M, K] int32, read by the kernels in naive mode
+    token_lora: torch.Tensor  # [>=M] int32
+    enabled: torch.Tensor  # [L] int32
 
 
 def max_num_blocks(num_rows: int, num_pairs: int, block_m: int) -> int:
@@ -106,6 +114,7 @@ def align_moe_lora(
     enabled: torch.Tensor,
     num_experts: int,
     block_m: int,
+    naive: bool = False,
 ) -> MoELoRABlocks:
     """Sorts rows into (adapter, expert) blocks.
 
@@ -115,18 +124,25 @@ def align_moe_lora(
         enabled: ``[>=L]`` int32/bool, nonzero where the slot carries expert LoRA.
         num_experts: E (local experts).
         block_m: BM, rows per block (a power of two >= 16).
+        naive: one row per block, no sort (see the module doc).
     """
     num_tokens, top_k = topk_ids.shape
     num_rows = num_tokens * top_k
     num_slots = enabled.shape[0]
     num_pairs = num_slots * num_experts
     pairs_p2 = triton.next_power_of_2(num_pairs + 1)
-    max_blocks = max_num_blocks(num_rows, num_pairs, block_m)
     dev = topk_ids.device
     if enabled.dtype != torch.int32:
         enabled = enabled.to(torch.int32)
     ids = topk_ids if topk_ids.dtype == torch.int32 else topk_ids.to(torch.int32)
     ids = ids.contiguous()
+    if token_lora.dtype != torch.int32:
+        token_lora = token_lora.to(torch.int32)
+    if naive:
+        dummy = torch.zeros(1, dtype=torch.int32, device=dev)
+        return MoELoRABlocks(dummy, dummy, dummy, dummy, num_rows, block_m, num_rows, top_k,
+                             num_experts, True, ids, token_lora, enabled)
+    max_blocks = max_num_blocks(num_rows, num_pairs, block_m)
     ints = torch.empty(pairs_p2 + 1 + 2 * max_blocks + max_blocks * block_m, dtype=torch.int32,
                        device=dev)
     cursor = ints[:pairs_p2]
@@ -141,7 +157,8 @@ def align_moe_lora(
         _moe_lora_align_kernel[(1,)](
             ids, token_lora, enabled, num_rows, top_k, num_experts,
             cursor, sorted_rows, block_pair, block_nrows, num_blocks,
-            PAIRS_P2=pairs_p2, CHUNK=chunk, BM=block_m, num_warps=4 if chunk <= 1024 else 8,
+            PAIRS_P2=pairs_p2, CHUNK=chunk, BM=block_m,
+            num_warps=4 if chunk <= 1024 else 8 if chunk <= 2048 else 16,
         )
     return MoELoRABlocks(sorted_rows, block_pair, block_nrows, num_blocks, max_blocks, block_m,
-                         num_rows, top_k, num_experts)
+                         num_rows, top_k, num_experts, False, ids, token_lora, enabled)

@@ -31,31 +31,61 @@ from kernels.moe_lora_align import MoELoRABlocks, align_moe_lora
 from kernels.triton_moe_lora_configs import OpConfig, get_layer_config
 
 
+@triton.jit
+def _program_block(
+    pid_b, sorted_rows_ptr, block_pair_ptr, block_nrows_ptr, num_blocks_ptr,
+    topk_ids_ptr, token_lora_ptr, enabled_ptr, top_k, num_experts,
+    BM: tl.constexpr, NAIVE: tl.constexpr,
+):
+    """``(live, slot, expert, rows [BM], row_ok [BM])`` of the block this program works on.
+
+    Sorted mode: block ``pid_b`` of the align kernel's table; its four loads are independent (one
+    memory latency) and programs past ``num_blocks`` are not live. NAIVE mode (tiny batches, no
+    align launch): block ``pid_b`` is row ``pid_b`` alone, live when the row has expert LoRA.
+    """
+    offs_m = tl.arange(0, BM)
+    if NAIVE:
+        expert = tl.load(topk_ids_ptr + pid_b)
+        slot = tl.load(token_lora_ptr + pid_b // top_k)
+        enabled = tl.load(enabled_ptr + tl.maximum(slot, 0))
+        live = (slot >= 0) & (expert >= 0) & (enabled != 0)
+        rows = pid_b + offs_m * 0
+        row_ok = offs_m < 1
+    else:
+        nblocks = tl.load(num_blocks_ptr)
+        pair = tl.load(block_pair_ptr + pid_b)
+        nrows = tl.load(block_nrows_ptr + pid_b)
+        rows = tl.load(sorted_rows_ptr + pid_b * BM + offs_m)
+        live = pid_b < nblocks
+        slot = pair // num_experts
+        expert = pair % num_experts
+        row_ok = offs_m < nrows
+    return live, slot, expert, rows, row_ok
+
+
 @triton.jit(do_not_specialize=["k_per_split"])
 def _moe_lora_shrink_kernel(
     x_ptr, a0_ptr, a1_ptr, part_ptr,
     sorted_rows_ptr, block_pair_ptr, block_nrows_ptr, num_blocks_ptr,
+    topk_ids_ptr, token_lora_ptr, enabled_ptr, top_k,
     in_features, rank, num_experts, x_row_div, k_per_split,
     stride_xm, stride_al, stride_ae, stride_ar,
     stride_ps, stride_pm,
     BM: tl.constexpr, RP: tl.constexpr, BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr, EVEN_R: tl.constexpr, NUM_SLICES: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    NAIVE: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     pid_b = tl.program_id(0)
     pid_s = tl.program_id(1)
     pid_slice = tl.program_id(2)
     if USE_PDL:
         tl.extra.cuda.gdc_launch_dependents()
-    if pid_b >= tl.load(num_blocks_ptr):
+    live, slot, expert, rows, row_ok = _program_block(
+        pid_b, sorted_rows_ptr, block_pair_ptr, block_nrows_ptr, num_blocks_ptr,
+        topk_ids_ptr, token_lora_ptr, enabled_ptr, top_k, num_experts, BM, NAIVE)
+    if live == 0:
         return
-    pair = tl.load(block_pair_ptr + pid_b)
-    nrows = tl.load(block_nrows_ptr + pid_b)
-    slot = pair // num_experts
-    expert = pair % num_experts
     offs_m = tl.arange(0, BM)
-    row_ok = offs_m < nrows
-    rows = tl.load(sorted_rows_ptr + pid_b * BM + offs_m, mask=row_ok, other=0)
     x_rows = (rows // x_row_div).to(tl.int64)
     offs_r = tl.arange(0, RP)
     a_base = a0_ptr
@@ -91,28 +121,29 @@ def _moe_lora_shrink_kernel(
 def _moe_lora_expand_kernel(
     y_ptr, b0_ptr, b1_ptr, part_ptr, scale_ptr, topk_w_ptr,
     sorted_rows_ptr, block_pair_ptr, block_nrows_ptr, num_blocks_ptr,
+    topk_ids_ptr, token_lora_ptr, enabled_ptr, top_k,
     out_features, rank, num_experts, split_k,
     stride_ym, stride_bl, stride_be, stride_bn,
     stride_ps, stride_pm,
     BM: tl.constexpr, RP: tl.constexpr, BLOCK_N: tl.constexpr,
     EVEN_N: tl.constexpr, EVEN_R: tl.constexpr, NUM_SLICES: tl.constexpr,
     HAS_SCALE: tl.constexpr, MUL_ROUTED_WEIGHT: tl.constexpr, ADD_INPUTS: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    NAIVE: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_b = tl.program_id(1)
     pid_slice = tl.program_id(2)
+    # the block table comes from the align kernel, finished before the shrink started, so it,
+    # the B tile and the y rows load before the wait for the shrink's partial sums (PDL overlap)
+    live, slot, expert, rows, row_ok = _program_block(
+        pid_b, sorted_rows_ptr, block_pair_ptr, block_nrows_ptr, num_blocks_ptr,
+        topk_ids_ptr, token_lora_ptr, enabled_ptr, top_k, num_experts, BM, NAIVE)
+    if live == 0:
+        return
+    offs_m = tl.arange(0, BM)
     offs_r = tl.arange(0, RP)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < out_features
-    # the block table comes from the align kernel, finished before the shrink started, so it and
-    # the B tile load before the wait for the shrink's partial sums (PDL overlap)
-    if pid_b >= tl.load(num_blocks_ptr):
-        return
-    pair = tl.load(block_pair_ptr + pid_b)
-    nrows = tl.load(block_nrows_ptr + pid_b)
-    slot = pair // num_experts
-    expert = pair % num_experts
     b_base = b0_ptr
     if NUM_SLICES == 2:
         if pid_slice == 1:
@@ -123,9 +154,17 @@ def _moe_lora_expand_kernel(
         bt = tl.load(b_ptrs)
     else:
         bt = tl.load(b_ptrs, mask=(offs_r[:, None] < rank) & n_ok[None, :], other=0.0)
-    offs_m = tl.arange(0, BM)
-    row_ok = offs_m < nrows
-    rows = tl.load(sorted_rows_ptr + pid_b * BM + offs_m, mask=row_ok, other=0)
+    y_ptrs = y_ptr + rows.to(tl.int64)[:, None] * stride_ym + (pid_slice * out_features + offs_n)[None, :]
+    if EVEN_N:
+        y_mask = row_ok[:, None]
+    else:
+        y_mask = row_ok[:, None] & n_ok[None, :]
+    if ADD_INPUTS:
+        y_old = tl.load(y_ptrs, mask=y_mask, other=0.0)
+    if MUL_ROUTED_WEIGHT:
+        w = tl.load(topk_w_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
+    if HAS_SCALE:
+        scale = tl.load(scale_ptr + slot).to(tl.float32)
     p_ptrs = part_ptr + (pid_b * BM + offs_m)[:, None] * stride_pm + pid_slice * RP + offs_r[None, :]
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
@@ -134,17 +173,11 @@ def _moe_lora_expand_kernel(
         inter += tl.load(p_ptrs + s * stride_ps, mask=row_ok[:, None], other=0.0)
     acc = tl.dot(inter.to(bt.dtype), bt)
     if HAS_SCALE:
-        acc *= tl.load(scale_ptr + slot).to(tl.float32)
+        acc *= scale
     if MUL_ROUTED_WEIGHT:
-        w = tl.load(topk_w_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
         acc *= w[:, None]
-    y_ptrs = y_ptr + rows.to(tl.int64)[:, None] * stride_ym + (pid_slice * out_features + offs_n)[None, :]
-    if EVEN_N:
-        y_mask = row_ok[:, None]
-    else:
-        y_mask = row_ok[:, None] & n_ok[None, :]
     if ADD_INPUTS:
-        acc += tl.load(y_ptrs, mask=y_mask, other=0.0).to(tl.float32)
+        acc += y_old.to(tl.float32)
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=y_mask)
 
 
@@ -199,11 +232,12 @@ def moe_lora_shrink(
     _moe_lora_shrink_kernel[grid](
         x, a[0], a[-1], part,
         blocks.sorted_rows, blocks.block_pair, blocks.block_nrows, blocks.num_blocks,
+        blocks.topk_ids, blocks.token_lora, blocks.enabled, blocks.top_k,
         in_features, rank, blocks.num_experts, x_row_div, k_per_split,
         x.stride(0), a[0].stride(0), a[0].stride(1), a[0].stride(2),
         part.stride(0), part.stride(1),
         BM=bm, RP=rp, BLOCK_K=block_k, EVEN_K=even_k, EVEN_R=rank == rp,
-        NUM_SLICES=num_slices, USE_PDL=use_pdl,
+        NUM_SLICES=num_slices, NAIVE=blocks.naive, USE_PDL=use_pdl,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra,
     )
     return part
@@ -241,13 +275,14 @@ def moe_lora_expand(
     _moe_lora_expand_kernel[grid](
         y, b[0], b[-1], part, scaling if scaling is not None else part, tw,
         blocks.sorted_rows, blocks.block_pair, blocks.block_nrows, blocks.num_blocks,
+        blocks.topk_ids, blocks.token_lora, blocks.enabled, blocks.top_k,
         out_features, rank, blocks.num_experts, part.shape[0],
         y.stride(0), b[0].stride(0), b[0].stride(1), b[0].stride(2),
         part.stride(0), part.stride(1),
         BM=blocks.block_m, RP=rp, BLOCK_N=block_n,
         EVEN_N=out_features % block_n == 0, EVEN_R=rank == rp, NUM_SLICES=num_slices,
         HAS_SCALE=scaling is not None, MUL_ROUTED_WEIGHT=topk_weights is not None,
-        ADD_INPUTS=add_inputs, USE_PDL=use_pdl,
+        ADD_INPUTS=add_inputs, NAIVE=blocks.naive, USE_PDL=use_pdl,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra,
     )
 
@@ -280,7 +315,7 @@ class MoELoRAOps:
         self.use_pdl = (_pdl_ok(topk_ids) and bool(self.cfg.get("pdl", False))
                         if use_pdl is None else use_pdl)
         self.blocks = align_moe_lora(topk_ids, token_lora, enabled, num_experts,
-                                     int(self.cfg["block_m"]))
+                                     int(self.cfg["block_m"]), naive=bool(self.cfg.get("naive")))
 
     def add_w13(self, y13: torch.Tensor, x: torch.Tensor, a13, b13,
                 scaling: torch.Tensor | None = None, add_inputs: bool = True) -> None:

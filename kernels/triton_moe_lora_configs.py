@@ -5,9 +5,11 @@ Tuned configs live in ``kernels/configs/moe_lora_<device>.json`` (written by ``k
     {"device": "NVIDIA H200",
      "shapes": {"H2880_I2880_E32_K4_r32_L8": {"16": {<layer config>}, ...}}}
 
-A layer config holds the block size shared by the four ops and one entry per op::
+A layer config holds the block size shared by the four ops, whether the expand launches with
+programmatic dependent launch (``pdl``), whether rows skip the sort (``naive``, one row per block,
+for tiny batches) and one entry per op::
 
-    {"block_m": 16, "pdl": false,
+    {"block_m": 16, "pdl": false, "naive": false,
      "shrink13": {"block_k": 64, "split_k": 8, "num_warps": 4, "num_stages": 3},
      "expand13": {"block_n": 128, "num_warps": 4, "num_stages": 2},
      "shrink2": {...}, "expand2": {...}}
@@ -62,13 +64,14 @@ def default_layer_config(num_tokens: int, top_k: int, num_experts: int, num_slot
     split_k = max(1, min(16, -(-2 * num_sms // blocks)))
     shrink = OpConfig(block_k=64, split_k=split_k, num_warps=4, num_stages=3)
     expand = OpConfig(block_n=128, num_warps=4, num_stages=2)
-    return {"block_m": block_m, "pdl": False, "shrink13": shrink, "expand13": expand,
-            "shrink2": shrink, "expand2": expand}
+    return {"block_m": block_m, "pdl": False, "naive": rows <= 8, "shrink13": shrink,
+            "expand13": expand, "shrink2": shrink, "expand2": expand}
 
 
 def parse_layer_config(raw: dict) -> dict:
     """JSON layer config → the dict the ops take (``OpConfig`` per op)."""
-    out = {"block_m": int(raw["block_m"]), "pdl": bool(raw.get("pdl", False))}
+    out = {"block_m": int(raw["block_m"]), "pdl": bool(raw.get("pdl", False)),
+           "naive": bool(raw.get("naive", False))}
     for op in OPS:
         out[op] = OpConfig(**raw[op])
     return out
@@ -76,7 +79,8 @@ def parse_layer_config(raw: dict) -> dict:
 
 def dump_layer_config(cfg: dict) -> dict:
     """Inverse of ``parse_layer_config``."""
-    out = {"block_m": cfg["block_m"], "pdl": cfg.get("pdl", False)}
+    out = {"block_m": cfg["block_m"], "pdl": bool(cfg.get("pdl", False)),
+           "naive": bool(cfg.get("naive", False))}
     for op in OPS:
         out[op] = asdict(cfg[op])
     return out

@@ -37,9 +37,9 @@ MODELS = {
     "qwen3-30b-a3b": (2048, 768, 128, 8, 2),
 }
 MS_DEFAULT = "1,2,4,8,16,32,64,128,256,512,1024,2048,4096"
-SHRINK_SPACE = dict(block_k=(64, 128), split_k=(1, 2, 4, 8, 16), num_warps=(4,),
+SHRINK_SPACE = dict(block_k=(64, 128, 256), split_k=(1, 2, 4, 8, 16), num_warps=(4,),
                     num_stages=(2, 3, 4))
-EXPAND_SPACE = dict(block_n=(64, 128, 256), num_warps=(4, 8), num_stages=(1,))
+EXPAND_SPACE = dict(block_n=(64, 128, 256, 512), num_warps=(4, 8), num_stages=(1,))
 
 
 def log(*a) -> None:
@@ -74,12 +74,15 @@ def space(d: dict) -> list[OpConfig]:
     return [OpConfig(**dict(zip(keys, v))) for v in itertools.product(*d.values())]
 
 
-def bm_choices(rows: int) -> list[int]:
+def layout_choices(rows: int) -> list[tuple[int, bool]]:
+    """(block_m, naive) candidates for a batch of ``rows`` (token, expert) rows."""
+    if rows <= 64:
+        return [(16, True), (16, False)]
     if rows <= 256:
-        return [16]
+        return [(16, False)]
     if rows <= 2048:
-        return [16, 32, 64]
-    return [32, 64]
+        return [(16, False), (32, False), (64, False)]
+    return [(32, False), (64, False)]
 
 
 class Problem:
@@ -114,11 +117,12 @@ def tune_m(p: Problem, m: int, gen: torch.Generator) -> tuple[dict, dict]:
     y13 = torch.zeros(m * K, 2 * p.i, device=dev, dtype=torch.bfloat16)
     y2 = torch.zeros(m * K, p.h, device=dev, dtype=torch.bfloat16)
     best_total, best_cfg, report = float("inf"), None, {}
-    for bm in bm_choices(m * K):
-        blocks = [align_moe_lora(ids[l], slot, enabled, p.e, bm) for l in range(n)]
-        t_align = graph_us(lambda: [align_moe_lora(ids[l], slot, enabled, p.e, bm)
-                                    for l in range(n)], n)
-        cfg, total = {"block_m": bm, "pdl": False}, t_align
+    for bm, naive in layout_choices(m * K):
+        blocks = [align_moe_lora(ids[l], slot, enabled, p.e, bm, naive) for l in range(n)]
+        t_align = 0.0 if naive else graph_us(
+            lambda: [align_moe_lora(ids[l], slot, enabled, p.e, bm) for l in range(n)], n)
+        cfg, total = {"block_m": bm, "pdl": False, "naive": naive}, t_align
+        tag = f"bm{bm}{'n' if naive else ''}"
         for op, xin, a, b, div, yy, w in (("13", x, p.a13, p.b13, K, y13, None),
                                           ("2", hh, p.a2, p.b2, 1, y2, tw)):
             timed = []
@@ -147,10 +151,10 @@ def tune_m(p: Problem, m: int, gen: torch.Generator) -> tuple[dict, dict]:
             us_e, c_e = min(timed, key=lambda t: t[0])
             cfg[f"shrink{op}"], cfg[f"expand{op}"] = c_s, c_e
             total += us_s + us_e
-            report[f"bm{bm}_shrink{op}"], report[f"bm{bm}_expand{op}"] = us_s, us_e
-        report[f"bm{bm}_align"] = t_align
-        report[f"bm{bm}_total"] = total
-        log(f"M={m} BM={bm}: align {t_align:.1f} total {total:.1f} us  {cfg}")
+            report[f"{tag}_shrink{op}"], report[f"{tag}_expand{op}"] = us_s, us_e
+        report[f"{tag}_align"] = t_align
+        report[f"{tag}_total"] = total
+        log(f"M={m} BM={bm} naive={naive}: align {t_align:.1f} total {total:.1f} us  {cfg}")
         if total < best_total:
             best_total, best_cfg, best_blocks = total, cfg, blocks
     # PDL on the whole layer (align + 4 ops) with the chosen tiles
@@ -160,7 +164,8 @@ def tune_m(p: Problem, m: int, gen: torch.Generator) -> tuple[dict, dict]:
         def layer(pdl):
             out = []
             for l in range(n):
-                blk = align_moe_lora(ids[l], slot, enabled, p.e, best_cfg["block_m"])
+                blk = align_moe_lora(ids[l], slot, enabled, p.e, best_cfg["block_m"],
+                                     best_cfg["naive"])
                 pt = moe_lora_shrink(x, p.a13[l], blk, K, best_cfg["shrink13"], use_pdl=pdl)
                 moe_lora_expand(y13, pt, p.b13[l], blk, best_cfg["expand13"], use_pdl=pdl)
                 pt = moe_lora_shrink(hh, p.a2[l], blk, 1, best_cfg["shrink2"], use_pdl=pdl)
@@ -200,8 +205,9 @@ def main(argv: list[str] | None = None) -> int:
 
     data.setdefault("provenance", {})[key] = {
         "date": time.strftime("%Y-%m-%d", time.gmtime()), "torch": torch.__version__,
-        "triton": triton.__version__, "command": "python -m kernels.tune " + " ".join(argv or sys.argv[1:]),
-        "layers": args.layers}
+        "triton": triton.__version__, "layers": args.layers,
+        "command": f"python -m kernels.tune --model {args.model} --ms {args.ms} "
+                   f"--layers {args.layers} --slots {args.slots} --rank {args.rank}"}
     buckets, reports = data["shapes"].setdefault(key, {}), {}
     t0 = time.time()
     for m in [int(v) for v in args.ms.split(",")]:

@@ -1,0 +1,126 @@
+"""vLLM 0.24 on CUDA: loraplex's Triton MoE-LoRA ops replace vLLM's ``fused_moe_lora`` path.
+
+vLLM 0.24 adds expert LoRA inside ``TritonExperts.apply`` through two methods of
+``LoRAExpertsMixin``: ``apply_w13_lora`` (gate_up, after the base w13 GEMM, into
+``intermediate_cache1 [M, K, N]``) returns a 4-tuple of routing metadata that ``apply_w2_lora``
+(down, into ``intermediate_cache3 [M, K, H]``, routing weights applied) receives back. ``install``
+replaces both methods: gate_up sorts the rows once (``MoELoRAOps``) and hands the op object to
+down through the first slot of that tuple, so the pair shares one block layout.
+
+Mapping of vLLM's stacks (``MoELoRAContext``): ``w13_lora_a_stacked`` is one ``[L, E, r, H]``
+tensor for the 3-D fused-expert layout (GPT-OSS; B ``[L, E, 2I, r]`` in the base's row order,
+interleaved for GPT-OSS) or two (gate, up) for per-expert adapters (Qwen3-MoE; B ``[L, E, I, r]``
+each, written to columns ``[0, I)`` and ``[I, 2I)``): our ops take 1 or 2 slices as they are, so
+nothing is copied. vLLM folds the LoRA scaling into B, so no scale is applied here. Slot validity
+comes from ``adapter_enabled`` (0 for an adapter without expert LoRA: its rows are skipped).
+
+Cases vLLM's own path keeps (the original methods are called): expert parallelism
+(``expert_map`` or a per-rank token map), fully sharded LoRA, tensor parallelism > 1, and
+dtypes other than bf16/fp16.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+logger = logging.getLogger(__name__)
+SUPPORTED_PREFIX = "0.24."
+_SKIP = object()  # gate_up found no LoRA token: down skips too
+_originals: dict[str, object] = {}
+
+
+class UnsupportedVLLMVersion(RuntimeError):
+    """The installed vLLM is not the version this integration was written for."""
+
+
+def check_version(version: str) -> None:
+    """Raises ``UnsupportedVLLMVersion`` unless ``version`` is a 0.24.x release."""
+    if not version.startswith(SUPPORTED_PREFIX):
+        raise UnsupportedVLLMVersion(
+            f"loraplex's CUDA MoE-LoRA path supports vLLM {SUPPORTED_PREFIX}x only, found "
+            f"{version}; set LORAPLEX_MOE_LORA=0 to run vLLM's own kernels")
+
+
+def _ours_applies(ctx, x: torch.Tensor, expert_map) -> bool:
+    return (expert_map is None and ctx.local_token_lora_mapping is None and not ctx.fully_sharded
+            and ctx.tp_size == 1 and x.dtype in (torch.bfloat16, torch.float16) and x.is_cuda)
+
+
+def _apply_w13_lora(self, lora_context, *, y, x, topk_ids, topk_weights, expert_map, w1, w2,
+                    num_tokens, top_k_num, add_inputs=True):
+    from kernels.triton_moe_lora import MoELoRAOps
+
+    ctx = lora_context
+    if not _ours_applies(ctx, x, expert_map):
+        return _originals["apply_w13_lora"](
+            self, ctx, y=y, x=x, topk_ids=topk_ids, topk_weights=topk_weights,
+            expert_map=expert_map, w1=w1, w2=w2, num_tokens=num_tokens, top_k_num=top_k_num,
+            add_inputs=add_inputs)
+    pw = ctx.punica_wrapper
+    token_lora, _, _, _, _, no_lora_flag, _ = pw.token_mapping_meta.meta_args(
+        x.size(0), pw.lora_config.specialize_active_lora)
+    if bool(no_lora_flag.item()):  # a CPU tensor: no device sync (vLLM's own early exit)
+        return _SKIP, None, None, None
+    a13, b13 = ctx.w13_lora_a_stacked, ctx.w13_lora_b_stacked
+    rank = a13[0].shape[-2]
+    intermediate = ctx.w2_lora_a_stacked[0].shape[-1]
+    ops = MoELoRAOps(topk_ids.view(num_tokens, top_k_num), token_lora,
+                     ctx.adapter_enabled[: ctx.max_loras], num_experts=ctx.local_num_experts,
+                     hidden=x.shape[-1], intermediate=intermediate, rank=rank,
+                     num_slots=ctx.max_loras)
+    x2d = x if x.stride(-1) == 1 else x.contiguous()
+    ops.add_w13(y.view(num_tokens * top_k_num, -1), x2d, a13, b13, add_inputs=add_inputs)
+    return ops, None, None, token_lora
+
+
+def _apply_w2_lora(self, lora_context, *, y, x, topk_weights, sorted_token_ids_lora,
+                   expert_ids_lora, num_tokens_post_padded_lora, token_lora_mapping, num_tokens,
+                   w1, w2, top_k_num, add_inputs=True):
+    from kernels.triton_moe_lora import MoELoRAOps
+
+    ops = sorted_token_ids_lora
+    if ops is _SKIP:
+        return None
+    if not isinstance(ops, MoELoRAOps):
+        return _originals["apply_w2_lora"](
+            self, lora_context, y=y, x=x, topk_weights=topk_weights,
+            sorted_token_ids_lora=sorted_token_ids_lora, expert_ids_lora=expert_ids_lora,
+            num_tokens_post_padded_lora=num_tokens_post_padded_lora,
+            token_lora_mapping=token_lora_mapping, num_tokens=num_tokens, w1=w1, w2=w2,
+            top_k_num=top_k_num, add_inputs=add_inputs)
+    ctx = lora_context
+    ops.add_w2(y.view(num_tokens * top_k_num, -1), x.view(num_tokens * top_k_num, -1),
+               ctx.w2_lora_a_stacked[0], ctx.w2_lora_b_stacked[0],
+               topk_weights.view(num_tokens, top_k_num), add_inputs=add_inputs)
+    return None
+
+
+def install() -> None:
+    """Checks the vLLM version and swaps the MoE-LoRA methods of ``LoRAExpertsMixin``.
+
+    Idempotent. Raises ``UnsupportedVLLMVersion`` on any vLLM other than 0.24.x.
+    """
+    import vllm
+
+    check_version(vllm.__version__)
+    from vllm.model_executor.layers.fused_moe.experts.lora_experts_mixin import LoRAExpertsMixin
+
+    if _originals:
+        return
+    _originals["apply_w13_lora"] = LoRAExpertsMixin.apply_w13_lora
+    _originals["apply_w2_lora"] = LoRAExpertsMixin.apply_w2_lora
+    LoRAExpertsMixin.apply_w13_lora = _apply_w13_lora
+    LoRAExpertsMixin.apply_w2_lora = _apply_w2_lora
+    logger.info("loraplex: MoE-LoRA Triton ops installed for vLLM %s", vllm.__version__)
+
+
+def uninstall() -> None:
+    """Restores vLLM's own methods (tests)."""
+    if not _originals:
+        return
+    from vllm.model_executor.layers.fused_moe.experts.lora_experts_mixin import LoRAExpertsMixin
+
+    LoRAExpertsMixin.apply_w13_lora = _originals.pop("apply_w13_lora")
+    LoRAExpertsMixin.apply_w2_lora = _originals.pop("apply_w2_lora")

@@ -1,0 +1,107 @@
+"""The vLLM 0.24 CUDA integration: version gate (anywhere) and, on a GPU with vLLM 0.24, the
+patched ``LoRAExpertsMixin`` methods against vLLM's own ``fused_moe_lora`` on the same inputs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import vllm_cuda
+
+
+@pytest.mark.parametrize("version", ["0.32.0", "0.23.1", "0.25.0", "1.0.0"])
+def test_refuses_other_vllm_versions(version):
+    with pytest.raises(vllm_cuda.UnsupportedVLLMVersion):
+        vllm_cuda.check_version(version)
+
+
+def test_accepts_024():
+    vllm_cuda.check_version("0.24.0")
+    vllm_cuda.check_version("0.24.1")
+
+
+def test_install_refuses_the_installed_vllm_unless_024():
+    vllm = pytest.importorskip("vllm")
+    if vllm.__version__.startswith("0.24."):
+        pytest.skip("vLLM 0.24 installed: covered by the GPU test")
+    with pytest.raises(vllm_cuda.UnsupportedVLLMVersion):
+        vllm_cuda.install()
+
+
+def _vllm024_gpu() -> bool:
+    if not torch.cuda.is_available():
+        return False
+    try:
+        import vllm
+    except ImportError:
+        return False
+    return vllm.__version__.startswith("0.24.")
+
+
+@pytest.mark.skipif(not _vllm024_gpu(), reason="needs a CUDA GPU with vLLM 0.24")
+@pytest.mark.parametrize("num_slices", [1, 2])
+@pytest.mark.parametrize("num_tokens", [3, 40, 300])
+def test_patched_methods_match_vllm(num_slices, num_tokens):
+    from types import SimpleNamespace
+
+    from vllm.lora.punica_wrapper.punica_gpu import PunicaWrapperGPU
+    from vllm.model_executor.layers.fused_moe.experts.lora_context import MoELoRAContext
+    from vllm.model_executor.layers.fused_moe.experts.lora_experts_mixin import (
+        LoRAExpertsMixin,
+    )
+
+    dev = torch.device("cuda")
+    H, I, E, K, L, r = 512, 384, 16, 4, 4, 32
+    gen = torch.Generator(device=dev).manual_seed(int(torch.randint(0, 2**30, ()).item()))
+
+    def rnd(*s, std):
+        return (torch.randn(*s, device=dev, generator=gen) * std).to(torch.bfloat16)
+
+    n13 = 2 * I // num_slices
+    a13 = tuple(rnd(L, E, r, H, std=H**-0.5) for _ in range(num_slices))
+    b13 = tuple(rnd(L, E, n13, r, std=r**-0.5) for _ in range(num_slices))
+    a2, b2 = rnd(L, E, r, I, std=I**-0.5), rnd(L, E, H, r, std=r**-0.5)
+    enabled = torch.tensor([1, 0, 1, 1, 0], dtype=torch.int32, device=dev)  # slot 1: no experts
+    for t in (*a13, *b13, a2, b2):
+        t[1].zero_()  # vLLM keeps zeros in a slot without expert LoRA
+    slot = torch.randint(-1, L, (num_tokens,), device=dev, generator=gen).to(torch.int32)
+    slot[0] = 0
+    pw = PunicaWrapperGPU(4096, 256, dev,
+                          lora_config=SimpleNamespace(max_loras=L, specialize_active_lora=False))
+    pw.token_mapping_meta.prepare_tensors(slot)
+    ctx = MoELoRAContext(
+        w13_lora_a_stacked=a13, w13_lora_b_stacked=b13, w2_lora_a_stacked=(a2,),
+        w2_lora_b_stacked=(b2,), adapter_enabled=enabled, max_loras=L, top_k=K,
+        w13_num_slices=num_slices, fully_sharded=False, tp_rank=0, tp_size=1,
+        local_num_experts=E, punica_wrapper=pw, use_tuned_config=False)
+    ids = torch.rand(num_tokens, E, device=dev, generator=gen).argsort(1)[:, :K].to(torch.int32)
+    tw = torch.softmax(torch.randn(num_tokens, K, device=dev, generator=gen), -1)
+    x = rnd(num_tokens, H, std=1.0)
+    h = rnd(num_tokens * K, I, std=1.0)
+    w1 = torch.empty(E, 2 * I, H, device=dev, dtype=torch.bfloat16)
+    w2 = torch.empty(E, H, I, device=dev, dtype=torch.bfloat16)
+    y13_0 = rnd(num_tokens, K, 2 * I, std=0.1)
+    y2_0 = rnd(num_tokens, K, H, std=0.1)
+    mixin = LoRAExpertsMixin()
+
+    def run():
+        y13, y2 = y13_0.clone(), y2_0.clone()
+        meta = mixin.apply_w13_lora(ctx, y=y13, x=x, topk_ids=ids, topk_weights=tw,
+                                    expert_map=None, w1=w1, w2=w2, num_tokens=num_tokens,
+                                    top_k_num=K)
+        mixin.apply_w2_lora(ctx, y=y2, x=h, topk_weights=tw, sorted_token_ids_lora=meta[0],
+                            expert_ids_lora=meta[1], num_tokens_post_padded_lora=meta[2],
+                            token_lora_mapping=meta[3], num_tokens=num_tokens, w1=w1, w2=w2,
+                            top_k_num=K)
+        torch.cuda.synchronize()
+        return (y13.float() - y13_0.float()), (y2.float() - y2_0.float())
+
+    want13, want2 = run()
+    vllm_cuda.install()
+    try:
+        got13, got2 = run()
+    finally:
+        vllm_cuda.uninstall()
+    for got, want in ((got13, want13), (got2, want2)):
+        assert want.norm() > 0
+        assert float((got - want).norm() / want.norm()) < 2e-2
