@@ -119,6 +119,7 @@ def chart_schema(app_defs: dict[str, Any]) -> dict[str, Any]:
             "workerGroups": {"type": "array", "minItems": 1, "items": worker},
             "autoscaler": closed({
                 "enabled": BOOL,
+                "version": {"enum": ["v1", "v2"]},
                 "idleTimeoutSeconds": {"type": "integer", "minimum": 0},
                 "upscalingMode": {"enum": ["Default", "Aggressive", "Conservative"]},
             }),
