@@ -108,6 +108,8 @@ def chart_schema(app_defs: dict[str, Any]) -> dict[str, Any]:
                 "proxyLocation": {"enum": ["EveryNode", "HeadOnly", "Disabled"]},
                 "port": {"type": "integer", "minimum": 1, "maximum": 65535},
                 "runtimeEnvVars": STR_MAP,
+                "deployments": {"type": "array", "items": {"type": "object", "required": ["name"],
+                                                          "properties": {"name": {"enum": ["Engine", "Gateway"]}}}},
             }, required=["proxyLocation", "port"]),
             "gateway": closed({"service": closed({
                 "type": {"enum": ["ClusterIP", "NodePort", "LoadBalancer"]},

@@ -8,7 +8,8 @@
 - every engine argument the app passes to vLLM (``app.vllm_serving.engine_kwargs``) is a field of
   vLLM 0.24.0's ``AsyncEngineArgs`` (list extracted from the wheel: tests/data), and
   ``max_lora_rank`` is one vLLM 0.24 accepts;
-- the engine replica asks Ray for the GPUs its tensor-parallel size needs.
+- the engine replica asks Ray for the GPUs its tensor-parallel size needs;
+- per-deployment overrides (``deployments:``) name deployments the application really has.
 """
 
 from __future__ import annotations
@@ -58,6 +59,25 @@ def import_path_problems(import_path: str) -> list[str]:
     return []
 
 
+def deployment_names(args: dict[str, Any]) -> list[str]:
+    """Names of the deployments ``app.main:build_app(args)`` binds (no Ray cluster needed)."""
+    from ray.serve import Application
+
+    from app.main import build_app
+
+    names: list[str] = []
+
+    def walk(app: Application) -> None:
+        bound = app._bound_deployment
+        names.append(bound.name)
+        for value in [*bound.init_args, *bound.init_kwargs.values()]:
+            if isinstance(value, Application):
+                walk(value)
+
+    walk(build_app(args))
+    return names
+
+
 def serve_config_problems(cfg: dict[str, Any]) -> list[str]:
     from pydantic import ValidationError
     from ray.serve.schema import ServeDeploySchema
@@ -82,6 +102,11 @@ def serve_config_problems(cfg: dict[str, Any]) -> list[str]:
         gpus = args.engine_deployment.ray_actor_options.get("num_gpus", 0)
         if args.engine.tensor_parallel_size == 1 and gpus != 1:
             problems.append(f"{name}: engine replica asks for num_gpus={gpus}, tensor_parallel_size 1 needs 1")
+        overridden = [d.get("name") for d in app_cfg.get("deployments") or []]
+        if overridden and app_cfg.get("import_path") == "app.main:build_app":
+            unknown = sorted(set(overridden) - set(deployment_names(app_cfg.get("args") or {})))
+            if unknown:
+                problems.append(f"{name}: deployments overrides name unknown deployments {unknown}")
         if args.engine.max_num_seqs > args.engine_deployment.max_ongoing_requests:
             problems.append(f"{name}: max_ongoing_requests < max_num_seqs starves the engine batch")
     return problems

@@ -37,6 +37,8 @@ def test_h200_config_has_the_production_settings():
     assert engine["gpu_memory_utilization"] < 0.95  # headroom for adapter buffers and kernels
     assert engine["moe_lora_plugin"] is True
     assert "autoscaling_config" in args["engine_deployment"]
+    overrides = {d["name"]: d for d in load("deploy/h200.yaml")["applications"][0]["deployments"]}
+    assert overrides["Engine"]["max_surge_percent"] > 0  # rolling updates start replacements first
 
 
 def test_checks_catch_a_wrong_config():
@@ -53,6 +55,9 @@ def test_checks_catch_a_wrong_config():
     bad = copy.deepcopy(cfg)
     bad["applications"][0]["import_path"] = "app.no_such_module:build_app"
     assert any("not found" in p for p in serve_config_problems(bad))
+    bad = copy.deepcopy(cfg)
+    bad["applications"][0]["deployments"][0]["name"] = "Engines"
+    assert any("Engines" in p for p in serve_config_problems(bad))
     bad = copy.deepcopy(cfg)
     bad["applications"][0]["route_prefix"] = 7
     assert any("Ray Serve" in p for p in serve_config_problems(bad))

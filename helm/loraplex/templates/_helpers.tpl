@@ -71,6 +71,9 @@ app.config.AppConfig of app.main:build_app.
 {{- $_ := set $args "s3_endpoint_url" .Values.store.endpointUrl -}}
 {{- end -}}
 {{- $app := dict "name" "loraplex" "route_prefix" "/" "import_path" "app.main:build_app" "args" $args -}}
+{{- with .Values.serve.deployments -}}
+{{- $_ := set $app "deployments" . -}}
+{{- end -}}
 {{- if .Values.serve.runtimeEnvVars -}}
 {{- $_ := set $app "runtime_env" (dict "env_vars" .Values.serve.runtimeEnvVars) -}}
 {{- end -}}
