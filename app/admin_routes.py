@@ -2,7 +2,7 @@
 
 Every route needs an operator key (``Authorization: Bearer <key>`` of a tenant with
 ``operator: true``): 401 without a valid key, 403 for a non-operator. Routes reach the serving
-state through ``request.app.state.gateway``, which must provide ``tenants`` (authenticate),
+state bound with ``bind_gateway(gateway)``, which must provide ``tenants`` (authenticate),
 ``store`` (an ``AdapterStore``), ``catalog`` (``invalidate``), ``cfg`` (``AppConfig``) and, for
 pin/unpin/residency, ``engine`` (the engine deployment handle with ``pin_adapter(manifest_dict)``,
 ``unpin_adapter(adapter_id)`` and ``residency()``).
@@ -43,8 +43,22 @@ class NotImplementedByEngine(LoraplexError):
     error_type = "not_implemented"
 
 
+_bound: dict[str, Any] = {}
+
+
+def bind_gateway(gateway: Any) -> None:
+    """Called by the gateway replica at start: the serving state the admin routes act on.
+
+    (A module-level binding: Serve freezes the FastAPI app when the ingress class is decorated,
+    so the replica cannot reach the frozen app's ``state`` from its constructor.)
+    """
+    _bound["gateway"] = gateway
+
+
 def _gateway(request: Request):
-    gw = request.app.state.gateway
+    gw = _bound.get("gateway") or getattr(request.app.state, "gateway", None)
+    if gw is None:
+        raise LoraplexError("admin API used before the gateway started")
     tenant = gw.tenants.authenticate(request.headers.get("authorization"))
     if not tenant.operator:
         raise Forbidden(f"tenant {tenant.name!r} is not an operator; the admin API needs an operator key")

@@ -76,6 +76,7 @@ class EngineServer:
         self.cache = AdapterCache(cache_root, self.cfg.cache_max_bytes)
         self.slots = AdapterSlots(vllm_serving.ServingLoraOps(self.serving), self.cache, ecfg.max_cpu_loras)
         self.applies_expert_lora = engine_applies_expert_lora()
+        self._newest_version: dict[str, int] = {}  # per adapter id: newest version requested here
 
     async def check_health(self) -> None:
         """Serve health check: raises if the vLLM engine died."""
@@ -92,14 +93,40 @@ class EngineServer:
         """Adapter ids registered with this replica's engine (for routing and the admin view)."""
         return self.slots.resident()
 
+    def residency(self) -> dict[str, Any]:
+        """The slot table (LRU order) and the disk cache of this replica (admin view)."""
+        return {
+            "replica": _replica_name(),
+            "capacity": self.slots.capacity,
+            "free_slots": self.slots.free_slots,
+            "slots": self.slots.snapshot(),
+            "cache": {"used_bytes": self.cache.used_bytes, "entries": self.cache.snapshot()},
+        }
+
+    async def pin_adapter(self, manifest: dict) -> dict[str, Any]:
+        """Operator pin: load the adapter if needed and keep it resident until unpinned."""
+        m = AdapterManifest.model_validate(manifest)
+        self._check_applicable(m)
+        await self.slots.pin(self.store, m)
+        return self.residency()
+
+    def unpin_adapter(self, adapter_id: str) -> dict[str, Any]:
+        return {"rows_unpinned": self.slots.unpin(adapter_id)}
+
+    def _check_applicable(self, manifest: AdapterManifest) -> None:
+        if manifest.has_expert_lora and not self.applies_expert_lora:
+            raise ExpertLoraUnsupported(manifest.adapter_id)
+
     @asynccontextmanager
     async def _adapter(self, manifest: AdapterManifest | None):
         """Yields the engine-side model name for the request, pinning the adapter meanwhile."""
         if manifest is None:
             yield self.cfg.engine.served_model_name
             return
-        if manifest.has_expert_lora and not self.applies_expert_lora:
-            raise ExpertLoraUnsupported(manifest.adapter_id)
+        self._check_applicable(manifest)
+        if self._newest_version.get(manifest.adapter_id, 0) < manifest.version:
+            self._newest_version[manifest.adapter_id] = manifest.version
+            await self.slots.retire(manifest.adapter_id, keep_version=manifest.version)
         async with self.slots.use(self.store, manifest) as lora_request:
             yield lora_request.lora_name
 

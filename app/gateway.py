@@ -20,6 +20,7 @@ from ray.serve.handle import DeploymentHandle
 
 from adapters_registry.errors import RegistryError
 from app import metrics
+from app import admin_routes
 from app.admission import Admission
 from app.catalog import AdapterCatalog
 from app.config import AppConfig
@@ -27,6 +28,7 @@ from app.errors import BadRequest, Forbidden, LoraplexError, NotFound, NotReady,
 from app.tenants import Tenant, TenantDirectory
 
 api = FastAPI(title="loraplex", description="Multi-tenant LoRA serving for MoE LLMs")
+api.include_router(admin_routes.router)
 READY_TIMEOUT_S = 30.0
 DEFAULT_MAX_TOKENS = 256
 # Helpers sit above the ingress class: @serve.ingress freezes the FastAPI app (and the globals its
@@ -66,7 +68,7 @@ class Gateway:
         self.store = open_store(self.cfg.resolved_store_uri(), self.cfg.s3_endpoint_url)
         self.catalog = AdapterCatalog(self.store)
         self.admission = Admission()
-        api.state.gateway = self
+        admin_routes.bind_gateway(self)
 
     # ---- routes -------------------------------------------------------------------------------
     @api.post("/v1/chat/completions")

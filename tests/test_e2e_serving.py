@@ -121,3 +121,14 @@ def test_health_and_readiness(serve_stack):
     assert httpx.get(serve_stack.base_url + "/readyz", timeout=60).json() == {"status": "ready"}
     metrics = httpx.get(serve_stack.base_url + "/metrics").text
     assert "loraplex_requests_total" in metrics
+
+
+def test_admin_api_needs_an_operator_and_shows_residency(serve_stack):
+    r = httpx.get(serve_stack.base_url + "/admin/residency", headers=serve_stack.headers("acme"))
+    assert r.status_code == 403 and "operator" in r.json()["error"]["message"]
+    r = httpx.get(serve_stack.base_url + "/admin/residency", headers=serve_stack.headers("operator"), timeout=30)
+    assert r.status_code == 200
+    view = r.json()
+    resident = {row["adapter_id"] for row in view["slots"]}
+    assert "acme-support" in resident  # used by earlier tests in this session
+    assert len(view["slots"]) <= view["capacity"]
