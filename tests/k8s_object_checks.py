@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterator
@@ -114,11 +115,50 @@ def rayservice_problems(obj: dict[str, Any]) -> list[str]:
     return problems
 
 
+DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+MAX_RAYSERVICE_NAME = 47  # KubeRay: RayCluster names ≤ 53, minus the 6 characters it appends
+
+
+def kuberay_operator_problems(obj: dict[str, Any]) -> list[str]:
+    """What KubeRay's operator refuses beyond the CRD schema (its ValidateRayServiceMetadata /
+    ValidateRayServiceSpec / ValidateRayClusterSpec, the rules a chart can break)."""
+    problems = []
+    name = obj.get("metadata", {}).get("name", "")
+    if len(name) > MAX_RAYSERVICE_NAME or not DNS1035.match(name):
+        problems.append(f"RayService name {name!r} must be a DNS-1035 label of at most {MAX_RAYSERVICE_NAME} characters")
+    spec = obj.get("spec") or {}
+    cluster = spec.get("rayClusterConfig") or {}
+    head = cluster.get("headGroupSpec") or {}
+    if not (head.get("template", {}).get("spec", {}).get("containers")):
+        problems.append("headGroupSpec should have at least one container")
+    if (head.get("headService") or {}).get("metadata", {}).get("name"):
+        problems.append("headGroupSpec.headService.metadata.name must not be set")
+    autoscaling = cluster.get("enableInTreeAutoscaling", False)
+    groups = cluster.get("workerGroupSpecs") or []
+    for group in groups:
+        if not group.get("template", {}).get("spec", {}).get("containers"):
+            problems.append(f"workerGroupSpec {group.get('groupName')} should have at least one container")
+        if autoscaling and group.get("suspend"):
+            problems.append("suspending worker groups is not supported with the autoscaler")
+        bounds = (group.get("minReplicas", 0), group.get("replicas", 0), group.get("maxReplicas", 2**31 - 1))
+        if all(isinstance(b, int) for b in bounds) and not bounds[0] <= bounds[1] <= bounds[2]:
+            problems.append(f"workerGroupSpec {group.get('groupName')}: needs minReplicas <= replicas <= maxReplicas")
+    names = [g.get("groupName") for g in groups]
+    if len(names) != len(set(names)):
+        problems.append(f"worker group names must be unique: {names}")
+    strategy = (spec.get("upgradeStrategy") or {}).get("type")
+    if strategy is not None and strategy not in ("NewCluster", "NewClusterWithIncrementalUpgrade", "None"):
+        problems.append(f"upgradeStrategy.type {strategy!r} is not NewCluster, NewClusterWithIncrementalUpgrade or None")
+    if not spec.get("serveConfigV2"):
+        problems.append("serveConfigV2 is empty: a RayService without applications never becomes ready")
+    return problems
+
+
 def object_problems(obj: dict[str, Any]) -> list[str]:
     """Dispatch by kind: RayService → CRD schema; ServiceMonitor → structural checks; else core."""
     kind = obj.get("kind")
     if kind == "RayService":
-        return rayservice_problems(obj)
+        return rayservice_problems(obj) + kuberay_operator_problems(obj)
     if kind == "ServiceMonitor":
         spec = obj.get("spec") or {}
         ok = obj.get("apiVersion") == "monitoring.coreos.com/v1" and spec.get("selector", {}).get("matchLabels") and all(

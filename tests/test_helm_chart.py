@@ -173,6 +173,12 @@ def test_multi_worker_group_values_render_two_gpu_groups():
     assert [t.name for t in parsed.tenants] == ["acme", "ops"]
 
 
+def test_long_release_names_still_make_a_valid_rayservice():
+    docs = render({**yaml.safe_load((CHART / "values.yaml").read_text()), "fullnameOverride": "a" * 60})
+    (rayservice,) = by_kind(docs, "RayService")
+    assert len(rayservice["metadata"]["name"]) <= 40 and object_problems(rayservice) == []
+
+
 @pytest.mark.parametrize(
     ("patch", "message"),
     [
@@ -193,7 +199,8 @@ def test_bad_values_are_refused(patch, message):
 
 
 def test_crd_check_is_strict():
-    """The RayService check rejects what the API server would (unknown field, wrong type, missing)."""
+    """The RayService check rejects what the API server (unknown field, wrong type, missing field)
+    and KubeRay's operator (name, upgrade type, duplicate groups) would."""
     good = by_kind(render(None), "RayService")[0]
     assert object_problems(good) == []
     for mutate, expected in [
@@ -203,6 +210,10 @@ def test_crd_check_is_strict():
         (lambda o: o["spec"].update(rayClusterDeletionDelaySeconds=-1), "rayClusterDeletionDelaySeconds"),
         (lambda o: o["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"][0].update(imagePullPolicy=3), "imagePullPolicy"),
         (lambda o: o["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"].update(nodeSelectors={}), "nodeSelectors"),
+        (lambda o: o["metadata"].update(name="9-" + "x" * 50), "DNS-1035"),
+        (lambda o: o["spec"]["upgradeStrategy"].update(type="Recreate"), "upgradeStrategy"),
+        (lambda o: o["spec"]["rayClusterConfig"]["workerGroupSpecs"].append(
+            copy.deepcopy(o["spec"]["rayClusterConfig"]["workerGroupSpecs"][0])), "unique"),
     ]:
         bad = copy.deepcopy(good)
         mutate(bad)
