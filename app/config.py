@@ -41,6 +41,11 @@ class DeploymentOptions(_Strict):
     )
     health_check_period_s: float | None = Field(None, description="Seconds between replica health checks.")
     health_check_timeout_s: float | None = Field(None, description="Seconds before a health check fails.")
+    request_router_config: dict[str, Any] | None = Field(
+        None,
+        description="Ray Serve RequestRouterConfig (request_router_class, request_routing_stats_period_s, ...); "
+        "None on the engine: loraplex's adapter-affinity router.",
+    )
 
     def serve_options(self) -> dict[str, Any]:
         """The non-empty fields as keyword arguments for ``Deployment.options``."""

@@ -93,6 +93,10 @@ class EngineServer:
         """Adapter ids registered with this replica's engine (for routing and the admin view)."""
         return self.slots.resident()
 
+    def record_routing_stats(self) -> dict[str, Any]:
+        """Serve calls this periodically; ``app.router`` ranks replicas by it."""
+        return {"resident": self.slots.resident(), "free_slots": self.slots.free_slots}
+
     def residency(self) -> dict[str, Any]:
         """The slot table (LRU order) and the disk cache of this replica (admin view)."""
         return {

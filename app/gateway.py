@@ -135,10 +135,11 @@ class Gateway:
             adapter_label = adapter_id
             body.pop("model", None)
             async with self.admission.admit(tenant, _estimate_tokens(body)):
+                engine = self.engine.options(multiplexed_model_id=adapter_id if manifest else "")
                 if body.get("stream"):
-                    response = await self._stream(kind, body, manifest)
+                    response = await self._stream(engine, kind, body, manifest)
                 else:
-                    out = await self.engine.generate.remote(kind, body, manifest)
+                    out = await engine.generate.remote(kind, body, manifest)
                     response = JSONResponse(out["body"], status_code=out["status"])
             status = response.status_code
             return response
@@ -162,8 +163,8 @@ class Gateway:
             raise Forbidden(f"adapter {adapter_id!r} belongs to another tenant")
         return manifest.model_dump(mode="json")
 
-    async def _stream(self, kind: str, body: dict, manifest: dict | None) -> Response:
-        gen = self.engine.options(stream=True).generate_stream.remote(kind, body, manifest)
+    async def _stream(self, engine: DeploymentHandle, kind: str, body: dict, manifest: dict | None) -> Response:
+        gen = engine.options(stream=True).generate_stream.remote(kind, body, manifest)
         head = await gen.__anext__()
         if head["status"] != 200:
             return JSONResponse(head["body"], status_code=head["status"])

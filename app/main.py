@@ -11,11 +11,19 @@ from app.config import AppConfig
 from app.engine import EngineServer
 from app.gateway import Gateway
 
+ADAPTER_AFFINITY_ROUTER = {
+    "request_router_class": "app.router:AdapterAffinityRouter",
+    "request_routing_stats_period_s": 1.0,
+    "request_routing_stats_timeout_s": 5.0,
+}
+
 
 def build_app(args: dict[str, Any] | None = None) -> Application:
     """Validates ``args`` against ``AppConfig`` and binds the gateway to the engine deployment."""
     cfg = AppConfig.model_validate(args or {})
     config = cfg.model_dump(mode="json")
-    engine = serve.deployment(EngineServer, name="Engine").options(**cfg.engine_deployment.serve_options())
+    engine_options = cfg.engine_deployment.serve_options()
+    engine_options.setdefault("request_router_config", ADAPTER_AFFINITY_ROUTER)
+    engine = serve.deployment(EngineServer, name="Engine").options(**engine_options)
     gateway = Gateway.options(**cfg.gateway_deployment.serve_options())
     return gateway.bind(engine.bind(config), config)
