@@ -1,4 +1,6 @@
-"""Per-tenant admission: concurrency limits and token budgets (429 with Retry-After).
+"""Admission: per-tenant concurrency limits and token budgets (429 with Retry-After), and a
+global in-flight bound per gateway replica (503 with Retry-After) so overload sheds load early
+instead of queueing without bound.
 
 ``Admission.admit(tenant, estimated_tokens)`` is an async context manager held for a request's
 lifetime. Budgets are a token bucket per tenant refilled continuously at ``tokens_per_minute``;
@@ -11,7 +13,7 @@ import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
-from app.errors import RateLimited
+from app.errors import Overloaded, RateLimited
 from app.tenants import Tenant
 
 
@@ -23,8 +25,10 @@ class _TenantState:
 
 
 class Admission:
-    def __init__(self) -> None:
+    def __init__(self, max_in_flight: int | None = None) -> None:
         self._state: dict[str, _TenantState] = {}
+        self.max_in_flight = max_in_flight
+        self.in_flight = 0
 
     def _bucket(self, tenant: Tenant) -> _TenantState:
         st = self._state.get(tenant.name)
@@ -39,6 +43,8 @@ class Admission:
 
     @asynccontextmanager
     async def admit(self, tenant: Tenant, estimated_tokens: int):
+        if self.max_in_flight is not None and self.in_flight >= self.max_in_flight:
+            raise Overloaded(f"the service is at capacity ({self.in_flight} requests in flight); retry shortly", retry_after_s=1.0)
         st = self._bucket(tenant)
         if st.in_flight >= tenant.max_concurrency:
             raise RateLimited(
@@ -56,7 +62,9 @@ class Admission:
                 raise RateLimited(f"tenant {tenant.name!r} token budget exhausted; retry later", retry_after_s=wait)
             st.tokens -= estimated_tokens
         st.in_flight += 1
+        self.in_flight += 1
         try:
             yield
         finally:
             st.in_flight -= 1
+            self.in_flight -= 1

@@ -111,6 +111,9 @@ class AppConfig(_Strict):
     tenants_file: str | None = Field(None, description="Tenants YAML (None: $LORAPLEX_HOME/tenants.yaml); reloaded on change.")
     cache_dir: str | None = Field(None, description="Local adapter disk cache (None: $LORAPLEX_HOME/cache).")
     cache_max_bytes: int = Field(20 * 2**30, ge=1, description="Disk cache bound in bytes (LRU beyond it).")
+    max_in_flight_per_gateway: int | None = Field(
+        1024, ge=1, description="Requests one gateway replica admits at once before answering 503 (None: unbounded)."
+    )
     engine: EngineConfig = Field(default_factory=EngineConfig, description="The vLLM engine of each replica.")
     engine_deployment: DeploymentOptions = Field(
         default_factory=lambda: DeploymentOptions(num_replicas=1), description="Serve options of the engine deployment."

@@ -67,7 +67,7 @@ class Gateway:
         self.tenants = TenantDirectory(self.cfg.resolved_tenants_file())
         self.store = open_store(self.cfg.resolved_store_uri(), self.cfg.s3_endpoint_url)
         self.catalog = AdapterCatalog(self.store)
-        self.admission = Admission()
+        self.admission = Admission(self.cfg.max_in_flight_per_gateway)
         admin_routes.bind_gateway(self)
 
     # ---- routes -------------------------------------------------------------------------------

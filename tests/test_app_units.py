@@ -76,6 +76,23 @@ def test_admission_concurrency_and_token_budget():
     asyncio.run(run())
 
 
+def test_global_in_flight_bound_gives_503():
+    from app.errors import Overloaded
+
+    adm = Admission(max_in_flight=1)
+
+    async def run():
+        async with adm.admit(Tenant(name="a"), 1):
+            with pytest.raises(Overloaded) as e:
+                async with adm.admit(Tenant(name="b"), 1):
+                    pass
+            assert e.value.http_status == 503
+        async with adm.admit(Tenant(name="b"), 1):  # freed again
+            assert adm.in_flight == 1
+
+    asyncio.run(run())
+
+
 def test_error_response_shape_and_retry_after():
     r = error_response(RateLimited("slow down", retry_after_s=2.4))
     assert r.status_code == 429 and r.headers["Retry-After"] == "2"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from app.cli import serve_cmd, tenants_cmd
+from app.cli import bench_cmd, serve_cmd, tenants_cmd
 
 
 def _init(args: argparse.Namespace) -> int:
@@ -23,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_init)
     serve_cmd.add_subparser(sub)
     tenants_cmd.add_subparser(sub)
+    bench_cmd.add_subparser(sub)
     try:
         from app.cli.adapters_cmd import add_adapters_subparser
     except ImportError:

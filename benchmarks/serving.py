@@ -1,0 +1,138 @@
+"""Serving-layer overhead: loraplex (gateway + router + Ray Serve hop) vs vLLM's own OpenAI server.
+
+Both serve the embedded model with the same engine settings and the same adapter, one after the
+other on this machine; requests are sequential (concurrency 1) so the difference is the serving
+layer, not the engine. Measured per request: TTFT (streaming, first content chunk) and the full
+latency of a 1-token non-streaming completion. Prints a side-by-side table.
+
+    .venv/bin/python benchmarks/serving.py [--requests 40]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.stack import free_port, start_stack, stop_stack  # noqa: E402
+
+ADAPTER = "acme-support"
+PROMPT = "please route 42 requests to the expert"
+
+
+def _raise_priority() -> None:
+    """On 2 cores a normal-priority client is starved by the engine; run it real-time when allowed."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(10))
+    except (PermissionError, AttributeError, OSError):
+        pass
+
+
+def measure(base_url: str, headers: dict, model: str, n: int) -> dict[str, list[float]]:
+    ttft, full = [], []
+    with httpx.Client(base_url=base_url, headers=headers, timeout=120) as c:
+        body = {"model": model, "prompt": PROMPT, "max_tokens": 8, "temperature": 0}
+        for _ in range(3):  # warm-up (adapter load, first compile)
+            c.post("/v1/completions", json={**body, "max_tokens": 1}).raise_for_status()
+        for _ in range(n):
+            t0 = time.perf_counter()
+            with c.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+                r.raise_for_status()
+                for line in r.iter_lines():
+                    if line.startswith("data: {"):
+                        ttft.append(time.perf_counter() - t0)
+                        break
+                for _ in r.iter_lines():
+                    pass
+            t0 = time.perf_counter()
+            c.post("/v1/completions", json={**body, "max_tokens": 1}).raise_for_status()
+            full.append(time.perf_counter() - t0)
+    return {"ttft": ttft, "one_token": full}
+
+
+def start_vllm_server(home: Path, log: Path) -> tuple[subprocess.Popen, str]:
+    from adapters_registry.store import open_store
+    from app.embedded.setup import model_dir
+
+    manifest = open_store((home / "store").as_uri()).get(ADAPTER)
+    adapter_dir = home / "store" / ADAPTER / str(manifest.version)
+    port = free_port()
+    cmd = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir(home)),
+        "--served-model-name", "loraplex-base", "--dtype", "float32", "--max-model-len", "1024",
+        "--max-num-seqs", "16", "--enable-lora", "--max-loras", "2", "--max-cpu-loras", "4",
+        "--max-lora-rank", "64", "--lora-modules", f"{ADAPTER}={adapter_dir}",
+        "--host", "127.0.0.1", "--port", str(port),
+    ]
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1")
+    proc = subprocess.Popen(cmd, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"vLLM server exited; see {log}")
+        try:
+            r = httpx.post(url + "/v1/completions", json={"model": "loraplex-base", "prompt": "x", "max_tokens": 1}, timeout=30)
+            if r.status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(2)
+    proc.kill()
+    raise RuntimeError("vLLM server not ready")
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] * 1000
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=40)
+    args = parser.parse_args()
+    _raise_priority()
+    from app.embedded.setup import demo_keys, init
+
+    work = Path(tempfile.mkdtemp(prefix="loraplex-bench-"))
+    home = init(work / "home", progress=False)
+    results = {}
+    proc, url = start_vllm_server(home, work / "vllm.log")
+    try:
+        for model in ("loraplex-base", ADAPTER):
+            results[("vLLM OpenAI server", model)] = measure(url, {}, model, args.requests)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    stack = start_stack(home, work)
+    try:
+        headers = {"Authorization": f"Bearer {demo_keys(home)['acme']}"}
+        for model in ("loraplex-base", ADAPTER):
+            results[("loraplex (gateway+router+Serve)", model)] = measure(stack.base_url, headers, model, args.requests)
+    finally:
+        stop_stack(stack)
+
+    print(f"\n{time.strftime('%Y-%m-%d')}  {platform.node()}  {os.cpu_count()} CPUs  requests={args.requests} sequential")
+    print(f"{'server':34} {'model':14} {'TTFT p50':>9} {'TTFT p90':>9} {'1-tok p50':>10} {'1-tok p90':>10}")
+    for (server, model), r in results.items():
+        print(f"{server:34} {model:14} {pct(r['ttft'], .5):8.1f}ms {pct(r['ttft'], .9):8.1f}ms "
+              f"{pct(r['one_token'], .5):9.1f}ms {pct(r['one_token'], .9):9.1f}ms")
+    for model in ("loraplex-base", ADAPTER):
+        a = results[("vLLM OpenAI server", model)]
+        b = results[("loraplex (gateway+router+Serve)", model)]
+        print(f"added by loraplex, {model}: TTFT p50 {pct(b['ttft'], .5) - pct(a['ttft'], .5):+.1f} ms, "
+              f"1-token p50 {pct(b['one_token'], .5) - pct(a['one_token'], .5):+.1f} ms")
+
+
+if __name__ == "__main__":
+    main()
