@@ -17,8 +17,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import queue
 import shutil
 import tempfile
+import threading
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import BinaryIO
@@ -173,21 +175,14 @@ class AdapterStore(ABC):
         return versions
 
     def download_file(self, manifest: AdapterManifest, name: str, dest: Path) -> None:
-        """Copy one file to ``dest`` verifying size and sha256 (:class:`AdapterInvalid` if corrupt)."""
+        """Copy one file to ``dest`` verifying size and sha256 (:class:`AdapterInvalid` if corrupt).
+
+        Pipelined: this thread reads the source while a helper thread hashes and writes the
+        previous chunks (both release the GIL), so verification overlaps the transfer.
+        """
         expected = manifest.file(name)
-        h = hashlib.sha256()
-        size = 0
-        with self.open_file(manifest, name) as src, open(dest, "wb") as out:
-            while chunk := src.read(CHUNK):
-                size += len(chunk)
-                if size > expected.size:
-                    raise corrupt_error(manifest, name, f"larger than the manifest's {expected.size} bytes")
-                h.update(chunk)
-                out.write(chunk)
-        if size != expected.size:
-            raise corrupt_error(manifest, name, f"{size} bytes instead of {expected.size}: truncated")
-        if h.hexdigest() != expected.sha256:
-            raise corrupt_error(manifest, name, "sha256 mismatch")
+        with self.open_file(manifest, name) as src:
+            copy_verified(src, dest, expected.size, expected.sha256, lambda why: corrupt_error(manifest, name, why))
 
     def download(self, manifest: AdapterManifest, dest_dir: str | Path) -> Path:
         """Download and verify every file of ``manifest`` into ``dest_dir`` (created)."""
@@ -200,6 +195,59 @@ class AdapterStore(ABC):
 
     def close(self) -> None:
         """Release clients/connections (no-op by default)."""
+
+
+def copy_verified(src: BinaryIO, dest: Path, size: int, sha256: str, corrupt) -> None:
+    """Stream ``src`` into ``dest`` while verifying it; raise ``corrupt(why)`` when the byte count
+    or the sha256 differs from the expected ones.
+
+    Three threads overlap: this one reads, one hashes, one writes (all three release the GIL in
+    the heavy part), so verification costs little more than the transfer on a multi-core host.
+    """
+    h = hashlib.sha256()
+    failure: list[BaseException] = []
+    to_hash: queue.Queue[bytes | None] = queue.Queue(maxsize=8)
+    to_write: queue.Queue[bytes | None] = queue.Queue(maxsize=8)
+
+    def drain(q: queue.Queue) -> None:
+        while q.get() is not None:
+            pass
+
+    def hasher() -> None:
+        while (chunk := to_hash.get()) is not None:
+            h.update(chunk)
+
+    def writer() -> None:
+        try:
+            with open(dest, "wb") as out:
+                while (chunk := to_write.get()) is not None:
+                    out.write(chunk)
+        except BaseException as e:  # noqa: BLE001 - handed to the reading thread
+            failure.append(e)
+            drain(to_write)
+
+    threads = [threading.Thread(target=f, name=f"loraplex-{f.__name__}", daemon=True) for f in (hasher, writer)]
+    for t in threads:
+        t.start()
+    got = 0
+    try:
+        while not failure and (chunk := src.read(CHUNK)):
+            got += len(chunk)
+            if got > size:
+                raise corrupt(f"larger than the manifest's {size} bytes")
+            to_hash.put(chunk)
+            to_write.put(chunk)
+    finally:
+        to_hash.put(None)
+        to_write.put(None)
+        for t in threads:
+            t.join()
+    if failure:
+        raise failure[0]
+    if got != size:
+        raise corrupt(f"{got} bytes instead of {size}: truncated")
+    if h.hexdigest() != sha256:
+        raise corrupt("sha256 mismatch")
 
 
 def open_store(uri: str, endpoint_url: str | None = None, **s3_options) -> AdapterStore:

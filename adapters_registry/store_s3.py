@@ -3,9 +3,10 @@
 Atomicity: publishing claims ``<v>/.claim`` with a conditional put (``If-None-Match: *``; a
 racing publisher gets 412 and takes the next number), uploads the files, and writes
 ``<v>/manifest.json`` last: readers list only versions whose manifest exists, so they never see
-a partial version. Removal deletes the manifest first. Downloads fetch large files as parallel
-ranged GETs pinned to the first response's ETag (a file replaced mid-download fails instead of
-mixing bytes) and hash them in order while later ranges are still in flight.
+a partial version. Removal deletes the manifest first. Downloads stream one GET per file and
+hash it on a helper thread as bytes arrive; with ``concurrency > 1`` large files come as
+parallel ranged GETs pinned to the first response's ETag (a file replaced mid-download fails
+instead of mixing bytes), hashed in order while later ranges are still in flight.
 """
 
 from __future__ import annotations
@@ -54,8 +55,8 @@ class S3AdapterStore(AdapterStore):
         connect_timeout_s: float = 5.0,
         read_timeout_s: float = 30.0,
         max_attempts: int = 3,
-        part_bytes: int = 16 * 2**20,
-        concurrency: int = 16,
+        part_bytes: int = 32 * 2**20,
+        concurrency: int = 1,
     ) -> None:
         self.bucket, self.prefix = parse_s3_uri(uri)
         self.uri = f"s3://{self.bucket}/{self.prefix}".rstrip("/")
@@ -192,9 +193,11 @@ class S3AdapterStore(AdapterStore):
         return _ErrorMappingReader(body, self, f"{manifest.lora_name}/{name}")
 
     def download_file(self, manifest: AdapterManifest, name: str, dest: Path) -> None:
-        """Parallel ranged GETs into ``dest``, hashed in order as they arrive; verified."""
+        """One streamed GET (``concurrency == 1``, the default: fastest on loopback servers) or
+        parallel ranged GETs (``concurrency > 1``: for stores that cap per-connection throughput),
+        hashed in order as they arrive; verified either way."""
         expected = manifest.file(name)
-        if expected.size <= self.part_bytes:
+        if self.concurrency <= 1 or expected.size <= self.part_bytes:
             return super().download_file(manifest, name, dest)
         key = self._key(manifest.adapter_id, manifest.version, name)
         what = f"{manifest.lora_name}/{name}"

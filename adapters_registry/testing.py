@@ -188,8 +188,11 @@ class MotoS3:
     def __enter__(self) -> "MotoS3":
         import os
 
+        import logging
+
         from moto.server import ThreadedMotoServer
 
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
         for k, v in S3_TEST_ENV.items():
             self._saved[k] = os.environ.get(k)
             os.environ[k] = v
@@ -289,3 +292,92 @@ class StallingProxy:
 
         threading.Thread(target=pump, args=(up, conn), daemon=True).start()
         pump(conn, up)
+
+
+class S3ServerProcess:
+    """A local S3 server in a child process on 127.0.0.1: ``moto`` (``moto_server``, in memory,
+    any key) or ``s3rver`` (npm, on disk under ``data_dir``, checks keys: S3RVER/S3RVER).
+    Sets the matching credentials in the environment while running."""
+
+    def __init__(self, kind: Literal["moto", "s3rver"], data_dir: str | Path | None = None, s3rver_prefix: str | Path | None = None):
+        self.kind = kind
+        self.port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.data_dir = Path(data_dir) if data_dir else None
+        self.s3rver_prefix = Path(s3rver_prefix) if s3rver_prefix else None
+        self._saved: dict[str, str | None] = {}
+
+    def credentials(self) -> dict[str, str]:
+        if self.kind == "s3rver":
+            return {"AWS_ACCESS_KEY_ID": "S3RVER", "AWS_SECRET_ACCESS_KEY": "S3RVER", "AWS_DEFAULT_REGION": "us-east-1"}
+        return dict(S3_TEST_ENV)
+
+    def __enter__(self) -> "S3ServerProcess":
+        import os
+        import subprocess
+        import sys
+        import time
+
+        import boto3
+
+        if self.kind == "moto":
+            exe = Path(sys.executable).with_name("moto_server")
+            cmd = [str(exe), "-H", "127.0.0.1", "-p", str(self.port)]
+        else:
+            script = Path(__file__).resolve().parents[1] / "scripts" / "s3rver.sh"
+            assert self.data_dir is not None and self.s3rver_prefix is not None
+            cmd = ["bash", str(script), "run", str(self.s3rver_prefix), str(self.data_dir), str(self.port)]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        for k, v in self.credentials().items():
+            self._saved[k] = os.environ.get(k)
+            os.environ[k] = v
+        client = boto3.client("s3", endpoint_url=self.endpoint)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                client.list_buckets()
+                break
+            except Exception:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.__exit__()
+                    raise RuntimeError(f"{self.kind} did not start on {self.endpoint}")
+                time.sleep(0.1)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import os
+        import signal
+
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except Exception:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        for k, v in self._saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+    def client(self):
+        import boto3
+
+        return boto3.client("s3", endpoint_url=self.endpoint)
+
+    def make_bucket(self, name: str) -> str:
+        self.client().create_bucket(Bucket=name)
+        return name
+
+
+def install_s3rver(prefix: str | Path) -> Path | None:
+    """``scripts/s3rver.sh install``; None when npm is missing or the install fails."""
+    import shutil
+    import subprocess
+
+    if shutil.which("npm") is None:
+        return None
+    script = Path(__file__).resolve().parents[1] / "scripts" / "s3rver.sh"
+    r = subprocess.run(["bash", str(script), "install", str(prefix)], capture_output=True, text=True, timeout=300)
+    return Path(r.stdout.strip()) if r.returncode == 0 else None

@@ -130,16 +130,18 @@ async def test_store_slow_times_out_as_503(s3, bucket, base, tmp_path):
         assert cache_files(cache) == set()
 
 
+@pytest.mark.parametrize("concurrency", [1, 2])
 @asynctest
-async def test_object_deleted_mid_download(s3, bucket, base, tmp_path):
-    store = s3_store(s3, bucket, part_bytes=64 * 1024, concurrency=1)
+async def test_object_deleted_mid_download(concurrency, s3, bucket, base, tmp_path):
+    store = s3_store(s3, bucket, part_bytes=64 * 1024, concurrency=concurrency)
     m = store.publish(synthetic_adapter(tmp_path / "src", base, r=16, experts="3d"), "gone", "acme", base)
     calls = {"n": 0}
     other = s3.client()
 
     def delete_after_first_range(**_):
         calls["n"] += 1
-        if calls["n"] == 3:  # config file, first range of the weights, then: gone
+        # streamed: after the config file, before the weights; ranged: after the first range
+        if calls["n"] == (2 if concurrency == 1 else 3):
             store.delete("gone")
 
     store.client.meta.events.register("before-call.s3.GetObject", delete_after_first_range)
@@ -151,10 +153,11 @@ async def test_object_deleted_mid_download(s3, bucket, base, tmp_path):
     assert other.list_objects_v2(Bucket=bucket, Prefix="adapters/gone/1/").get("KeyCount", 0) == 0
 
 
+@pytest.mark.parametrize("concurrency", [1, 4])
 @pytest.mark.parametrize("damage", ["flip", "truncate"])
 @asynctest
-async def test_corrupt_or_truncated_object_is_422(damage, s3, bucket, base, tmp_path):
-    store = s3_store(s3, bucket, part_bytes=64 * 1024)
+async def test_corrupt_or_truncated_object_is_422(damage, concurrency, s3, bucket, base, tmp_path):
+    store = s3_store(s3, bucket, part_bytes=64 * 1024, concurrency=concurrency)
     m = store.publish(synthetic_adapter(tmp_path / "src", base, r=16, experts="3d"), "bad", "acme", base)
     key = "adapters/bad/1/adapter_model.safetensors"
     data = bytearray(s3.client().get_object(Bucket=bucket, Key=key)["Body"].read())

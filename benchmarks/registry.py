@@ -1,0 +1,157 @@
+"""Adapter cold start (store → servable) and warm-hit overhead, from a local S3 server on loopback.
+
+Adapters (synthetic random bytes, PEFT names):
+- tiny: the embedded tiny Qwen3-MoE, rank 8, attention + per-expert (2-D) experts;
+- gpt-oss-20b: GPT-OSS-20B shapes, rank 32, attention + fused 3-D experts, bf16 (~705 MiB),
+  published as is (3-D).
+
+Tiers measured through the real ``AdapterSlots`` + ``AdapterCache`` + ``S3AdapterStore``:
+- cold:      empty disk cache, not resident → ranged S3 download, sha256 verify, atomic rename,
+             ``add_lora`` (no-op engine: vLLM's own tensor load is not included);
+- disk-warm: files cached, not registered → ``add_lora`` only;
+- warm:      resident → the slot-table lookup and pin/unpin around a request.
+
+Usage: ``python -m benchmarks.registry [--server moto|s3rver] [--reps 5] [--skip-big]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from adapters_registry.cache import AdapterCache
+from adapters_registry.manifest import BaseModelInfo
+from adapters_registry.slots import AdapterSlots
+from adapters_registry.store import open_store
+from adapters_registry.testing import GPT_OSS_20B, TINY_QWEN3_MOE, S3ServerProcess, install_s3rver, synthetic_adapter
+
+
+class NoopEngine:
+    """Accepts every registration instantly (isolates the registry's own cost)."""
+
+    async def add_lora(self, req) -> bool:
+        return True
+
+    async def remove_lora(self, lora_int_id: int) -> bool:
+        return True
+
+
+def _tiny_base() -> BaseModelInfo:
+    cfg = dict(TINY_QWEN3_MOE, architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe")
+    return BaseModelInfo.from_config(cfg, name="tiny-qwen3-moe")
+
+
+def _request(name, int_id, path):
+    return (name, int_id, str(path))
+
+
+def raw_get_s(store, manifest) -> float:
+    """Floor: one streamed GET of every file, bytes discarded (no hashing, no disk)."""
+    t0 = time.perf_counter()
+    for f in manifest.files:
+        with store.open_file(manifest, f.name) as body:
+            while body.read(8 * 2**20):
+                pass
+    return time.perf_counter() - t0
+
+
+async def measure(store, manifest, work: Path, reps: int) -> dict[str, list[float]]:
+    out = {"cold": [], "disk_warm": [], "warm": [], "raw_get": []}
+    for i in range(reps):
+        out["raw_get"].append(await asyncio.to_thread(raw_get_s, store, manifest))
+        cache_dir = work / f"cache-{i}"
+        slots = AdapterSlots(NoopEngine(), AdapterCache(cache_dir, 64 * 2**30), 4,
+                             request_factory=lambda m, n, p: _request(m.lora_name, n, p))
+        t0 = time.perf_counter()
+        async with slots.use(store, manifest):
+            pass
+        out["cold"].append(time.perf_counter() - t0)
+        await slots.clear()  # unregistered, files stay cached
+        t0 = time.perf_counter()
+        async with slots.use(store, manifest):
+            pass
+        out["disk_warm"].append(time.perf_counter() - t0)
+        n = 2000
+        t0 = time.perf_counter()
+        for _ in range(n):
+            async with slots.use(store, manifest):
+                pass
+        out["warm"].append((time.perf_counter() - t0) / n)
+        shutil.rmtree(cache_dir, ignore_errors=True)
+    return out
+
+
+def _fmt(xs: list[float], unit: str) -> str:
+    scale = {"s": 1, "ms": 1e3, "us": 1e6}[unit]
+    return f"{statistics.median(xs) * scale:.3g} {unit} (min {min(xs) * scale:.3g}, max {max(xs) * scale:.3g})"
+
+
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--skip-big", action="store_true")
+    ap.add_argument("--server", choices=["moto", "s3rver"], default="moto", help="local S3 server (child process)")
+    ap.add_argument("--concurrency", type=int, default=1, help="S3 GETs per file (1: one stream; >1: ranged)")
+    ap.add_argument("--cache-dir", default=None, help="parent folder of the disk cache (default: the system temp dir)")
+    args = ap.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="loraplex-bench-registry-"))
+    rows = []
+    try:
+        prefix = work / "npm"
+        if args.server == "s3rver" and install_s3rver(prefix) is None:
+            print("s3rver unavailable (npm missing or install failed)", file=sys.stderr)
+            return 3
+        with S3ServerProcess(args.server, data_dir=work / "s3data", s3rver_prefix=prefix) as s3:
+            bucket = s3.make_bucket(f"bench-{uuid.uuid4().hex[:8]}")
+            store = open_store(f"s3://{bucket}/adapters", s3.endpoint, concurrency=args.concurrency)
+            cases = [("tiny (rank 8, attn+experts 2-D, fp32)", _tiny_base(), dict(r=8, experts="2d"))]
+            if not args.skip_big:
+                gpt = BaseModelInfo.from_config(GPT_OSS_20B, name="gpt-oss-20b")
+                cases.append(("gpt-oss-20b (rank 32, attn+experts 3-D, bf16)", gpt, dict(r=32, experts="3d", dtype="bfloat16")))
+            for label, base, kw in cases:
+                src = synthetic_adapter(work / "src", base, **kw)
+                t0 = time.perf_counter()
+                m = store.publish(src, "bench", "bench", base, target_layout="as_is")
+                publish_s = time.perf_counter() - t0
+                shutil.rmtree(src)
+                cache_parent = Path(tempfile.mkdtemp(prefix="loraplex-bench-cache-", dir=args.cache_dir))
+                try:
+                    res = asyncio.run(measure(store, m, cache_parent, args.reps))
+                finally:
+                    shutil.rmtree(cache_parent, ignore_errors=True)
+                rows.append((label, m.total_bytes, publish_s, res))
+                store.delete("bench")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    import torch
+
+    import boto3
+    import moto
+
+    print(f"\nregistry cold/warm: {os.cpu_count()} CPUs; Python {platform.python_version()}; torch {torch.__version__}; "
+          f"boto3 {boto3.__version__}; {args.server} (moto {moto.__version__}) child process on 127.0.0.1; "
+          f"GETs per file {args.concurrency}; cache under {args.cache_dir or tempfile.gettempdir()}; reps={args.reps}\n")
+    head = ("adapter", "MiB", "publish s", "raw GET (floor)", "cold: S3 → servable", "disk-warm: add_lora", "warm hit")
+    print(" | ".join(head))
+    print(" | ".join("---" for _ in head))
+    for label, size, pub, res in rows:
+        print(" | ".join([label, f"{size / 2**20:.1f}", f"{pub:.2f}", _fmt(res["raw_get"], "s"), _fmt(res["cold"], "s"),
+                          _fmt(res["disk_warm"], "ms"), _fmt(res["warm"], "us")]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
