@@ -1,7 +1,8 @@
 """S3 adapter store (``s3://bucket/prefix``): plain boto3, endpoint from the argument or ``AWS_ENDPOINT_URL``.
 
 Atomicity: publishing claims ``<v>/.claim`` with a conditional put (``If-None-Match: *``; a
-racing publisher gets 412 and takes the next number), uploads the files, and writes
+racing publisher gets 412 and takes the next number; on servers without conditional writes a
+read-back of the claim token narrows the race to milliseconds), uploads the files, and writes
 ``<v>/manifest.json`` last: readers list only versions whose manifest exists, so they never see
 a partial version. Removal deletes the manifest first. Downloads stream one GET per file and
 hash it on a helper thread as bytes arrive; with ``concurrency > 1`` large files come as
@@ -16,6 +17,7 @@ import hashlib
 import io
 import json
 import os
+import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import BinaryIO, Iterator
@@ -121,9 +123,11 @@ class S3AdapterStore(AdapterStore):
 
     # ---- primitives -------------------------------------------------------------------------------
     def _adapter_ids(self) -> list[str]:
+        # A full listing, not Delimiter="/": some S3 servers (s3rver 3.7) drop common prefixes.
         root = self._key("") if self.prefix else ""
-        _, prefixes = self._list(root, "/")
-        return [p[len(root):].strip("/") for p in prefixes if not p[len(root):].startswith(".")]
+        keys, _ = self._list(root)
+        ids = {k[len(root):].partition("/")[0] for k in keys}
+        return sorted(i for i in ids if i and not i.startswith("."))
 
     def _versions(self, adapter_id: str) -> list[int]:
         base = self._key(adapter_id, "")
@@ -154,17 +158,23 @@ class S3AdapterStore(AdapterStore):
 
     def _commit_version(self, adapter_id: str, version: int, files: dict[str, Path], manifest: bytes) -> None:
         what = f"publishing {adapter_id}@v{version}"
+        token = uuid.uuid4().hex.encode()
+        claim_key = self._key(adapter_id, version, CLAIM_NAME)
         with self._errors(what):
+            if self._exists(self._key(adapter_id, version, MANIFEST_NAME)):
+                raise AdapterConflict(f"{adapter_id}@v{version} already published")
             try:
-                self.client.put_object(
-                    Bucket=self.bucket, Key=self._key(adapter_id, version, CLAIM_NAME), Body=b"", IfNoneMatch="*"
-                )
+                self.client.put_object(Bucket=self.bucket, Key=claim_key, Body=token, IfNoneMatch="*")
             except ClientError as e:
                 if e.response.get("Error", {}).get("Code") in ("PreconditionFailed", "ConditionalRequestConflict"):
                     raise AdapterConflict(f"{adapter_id}@v{version} claimed by a concurrent publish") from None
                 raise
             for name, path in files.items():
                 self.client.upload_file(str(path), self.bucket, self._key(adapter_id, version, name), Config=self.transfer)
+            # Servers that ignore If-None-Match (s3rver) let two claims "succeed": the later one
+            # wins the claim object, and the earlier publisher backs off here (best effort).
+            if self.client.get_object(Bucket=self.bucket, Key=claim_key)["Body"].read() != token:
+                raise AdapterConflict(f"{adapter_id}@v{version} claimed by a concurrent publish")
             try:
                 self.client.put_object(
                     Bucket=self.bucket, Key=self._key(adapter_id, version, MANIFEST_NAME), Body=manifest, IfNoneMatch="*"
@@ -173,6 +183,15 @@ class S3AdapterStore(AdapterStore):
                 if e.response.get("Error", {}).get("Code") in ("PreconditionFailed", "ConditionalRequestConflict"):
                     raise AdapterConflict(f"{adapter_id}@v{version} published concurrently") from None
                 raise
+
+    def _exists(self, key: str) -> bool:
+        try:
+            self.client.head_object(Bucket=self.bucket, Key=key)
+            return True
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") in NOT_FOUND or e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 404:
+                return False
+            raise
 
     def _remove_version(self, adapter_id: str, version: int) -> None:
         base = self._key(adapter_id, version, "")
