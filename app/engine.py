@@ -5,9 +5,9 @@ the gateway with the adapter's manifest already resolved and authorised; the rep
 makes the adapter resident (disk cache → ``add_lora``) and pins it for the request's lifetime.
 
 Return protocol to the gateway (plain data, so it crosses Ray unchanged):
-- ``generate`` returns ``{"status": int, "body": dict}``.
-- ``generate_stream`` yields ``{"status": int, "body": dict | None}`` first, then SSE strings
-  (``"data: ...\\n\\n"``) when the status is 200.
+- ``generate`` returns ``{"status": int, "body": dict, "replica": str}``.
+- ``generate_stream`` yields ``{"status": int, "body": dict | None, "replica": str}`` first, then
+  SSE strings (``"data: ...\\n\\n"``) when the status is 200.
 """
 
 from __future__ import annotations
@@ -72,10 +72,11 @@ class EngineServer:
         self.chat_request_cls, self.completion_request_cls, self.error_cls = vllm_serving.request_types()
         self._error_from_exception = vllm_serving.error_from_exception
         self.store = open_store(self.cfg.resolved_store_uri(), self.cfg.s3_endpoint_url)
-        cache_root = self.cfg.resolved_cache_dir() / _replica_name()
+        cache_root = self.cfg.resolved_cache_dir() / _replica_name()  # one cache per replica
         self.cache = AdapterCache(cache_root, self.cfg.cache_max_bytes)
         self.slots = AdapterSlots(vllm_serving.ServingLoraOps(self.serving), self.cache, ecfg.max_cpu_loras)
         self.applies_expert_lora = engine_applies_expert_lora()
+        self.replica = _replica_name()
         self._newest_version: dict[str, int] = {}  # per adapter id: newest version requested here
 
     async def check_health(self) -> None:
@@ -100,7 +101,7 @@ class EngineServer:
     def residency(self) -> dict[str, Any]:
         """The slot table (LRU order) and the disk cache of this replica (admin view)."""
         return {
-            "replica": _replica_name(),
+            "replica": self.replica,
             "capacity": self.slots.capacity,
             "free_slots": self.slots.free_slots,
             "slots": self.slots.snapshot(),
@@ -159,6 +160,9 @@ class EngineServer:
 
     async def generate(self, kind: Kind, body: dict[str, Any], manifest: dict | None) -> dict[str, Any]:
         """Non-streaming completion/chat; ``manifest`` is an ``AdapterManifest`` dump or None."""
+        return {**await self._generate(kind, body, manifest), "replica": self.replica}
+
+    async def _generate(self, kind: Kind, body: dict[str, Any], manifest: dict | None) -> dict[str, Any]:
         try:
             async with self._adapter(_manifest(manifest)) as model_name:
                 request, handler = self._parse(kind, body, model_name)
@@ -173,6 +177,10 @@ class EngineServer:
 
     async def generate_stream(self, kind: Kind, body: dict[str, Any], manifest: dict | None) -> AsyncIterator[Any]:
         """Streaming completion/chat: a status dict first, then SSE chunks (see module doc)."""
+        async for item in self._generate_stream(kind, body, manifest):
+            yield {**item, "replica": self.replica} if isinstance(item, dict) else item
+
+    async def _generate_stream(self, kind: Kind, body: dict[str, Any], manifest: dict | None) -> AsyncIterator[Any]:
         try:
             async with self._adapter(_manifest(manifest)) as model_name:
                 request, handler = self._parse(kind, body, model_name)

@@ -31,6 +31,7 @@ api = FastAPI(title="loraplex", description="Multi-tenant LoRA serving for MoE L
 api.include_router(admin_routes.router)
 READY_TIMEOUT_S = 30.0
 DEFAULT_MAX_TOKENS = 256
+REPLICA_HEADER = "x-loraplex-replica"  # which engine replica answered (operators, routing tests)
 # Helpers sit above the ingress class: @serve.ingress freezes the FastAPI app (and the globals its
 # routes see) when the class is decorated.
 
@@ -140,7 +141,7 @@ class Gateway:
                     response = await self._stream(engine, kind, body, manifest)
                 else:
                     out = await engine.generate.remote(kind, body, manifest)
-                    response = JSONResponse(out["body"], status_code=out["status"])
+                    response = JSONResponse(out["body"], status_code=out["status"], headers={REPLICA_HEADER: out["replica"]})
             status = response.status_code
             return response
         except (LoraplexError, RegistryError) as exc:
@@ -166,8 +167,9 @@ class Gateway:
     async def _stream(self, engine: DeploymentHandle, kind: str, body: dict, manifest: dict | None) -> Response:
         gen = engine.options(stream=True).generate_stream.remote(kind, body, manifest)
         head = await gen.__anext__()
+        headers = {REPLICA_HEADER: head["replica"]}
         if head["status"] != 200:
-            return JSONResponse(head["body"], status_code=head["status"])
+            return JSONResponse(head["body"], status_code=head["status"], headers=headers)
 
         async def relay():
             async for item in gen:
@@ -177,4 +179,4 @@ class Gateway:
                     return
                 yield item
 
-        return StreamingResponse(relay(), media_type="text/event-stream")
+        return StreamingResponse(relay(), media_type="text/event-stream", headers=headers)

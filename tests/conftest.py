@@ -10,6 +10,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+ENGINE_REPLICAS = 2  # two engine replicas: routing and residency are exercised as in production
 
 
 @pytest.fixture(scope="session")
@@ -69,14 +70,19 @@ def s3_store_uri(s3_server, demo_adapter_sources, embedded_model_dir) -> str:
 
 @pytest.fixture(scope="session")
 def serve_stack(loraplex_home, tmp_path_factory, s3_server, s3_store_uri):
-    """The real stack (`loraplex serve`: Ray Serve + vLLM-CPU) on a free loopback port, adapters in S3."""
+    """The real stack (`loraplex serve`: Ray Serve + vLLM-CPU, two engine replicas) on a free loopback
+    port, adapters in S3."""
     from adapters_registry.testing import S3_TEST_ENV
     from tests.stack import start_stack, stop_stack
 
     stack = start_stack(
         loraplex_home,
         tmp_path_factory.mktemp("stack"),
-        args_update={"store_uri": s3_store_uri, "s3_endpoint_url": s3_server.endpoint},
+        args_update={
+            "store_uri": s3_store_uri,
+            "s3_endpoint_url": s3_server.endpoint,
+            "engine_deployment": {"num_replicas": ENGINE_REPLICAS},
+        },
         extra_env=S3_TEST_ENV,
     )
     stack.store_uri = s3_store_uri

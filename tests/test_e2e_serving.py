@@ -116,6 +116,15 @@ def test_bad_request_body_is_400_and_others_keep_being_served(serve_stack):
     assert served_chat_ids(serve_stack, "globex", "globex-legal", PROMPTS[0])
 
 
+def test_responses_name_the_engine_replica(serve_stack):
+    body = {"model": "acme-support", "prompt": "x", "max_tokens": 2}
+    r = httpx.post(serve_stack.base_url + "/v1/completions", headers=serve_stack.headers("acme"), json=body, timeout=60)
+    assert r.status_code == 200 and r.headers["x-loraplex-replica"]
+    with httpx.stream("POST", serve_stack.base_url + "/v1/completions", headers=serve_stack.headers("acme"),
+                      json={**body, "stream": True}, timeout=60) as s:
+        assert s.headers["x-loraplex-replica"] == r.headers["x-loraplex-replica"]  # one replica here
+
+
 def test_health_and_readiness(serve_stack):
     assert httpx.get(serve_stack.base_url + "/healthz").status_code == 200
     assert httpx.get(serve_stack.base_url + "/readyz", timeout=60).json() == {"status": "ready"}
@@ -129,6 +138,16 @@ def test_admin_api_needs_an_operator_and_shows_residency(serve_stack):
     r = httpx.get(serve_stack.base_url + "/admin/residency", headers=serve_stack.headers("operator"), timeout=30)
     assert r.status_code == 200
     view = r.json()
-    resident = {row["adapter_id"] for row in view["slots"]}
-    assert "acme-support" in resident  # used by earlier tests in this session
-    assert len(view["slots"]) <= view["capacity"]
+    assert len(view["slots"]) + view["free_slots"] == view["capacity"]
+    assert all(row["adapter_id"] and row["version"] >= 1 for row in view["slots"])
+
+
+def test_adapter_affinity_keeps_an_adapter_on_the_replica_holding_it(serve_stack):
+    """Serve's default router would spread these over both replicas (all equal: p = 1/128)."""
+    body = {"model": "globex-legal", "prompt": "affinity", "max_tokens": 1}
+    replicas = [
+        httpx.post(serve_stack.base_url + "/v1/completions", headers=serve_stack.headers("globex"), json=body, timeout=60)
+        .headers["x-loraplex-replica"]
+        for _ in range(8)
+    ]
+    assert len(set(replicas)) == 1, replicas
