@@ -105,10 +105,7 @@ async def start_engine(cfg: EngineConfig) -> OpenAIServing:
     from vllm.usage.usage_lib import UsageContext
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    try:  # 0.32
-        from vllm.entrypoints.launchers.api_server.app_state import init_app_state
-    except ImportError:  # 0.24
-        from vllm.entrypoints.openai.api_server import init_app_state
+    from vllm.entrypoints.openai.api_server import init_app_state  # 0.24 and 0.32
 
     args = build_args(cfg)
     engine_args = AsyncEngineArgs.from_cli_args(args)
@@ -121,12 +118,13 @@ async def start_engine(cfg: EngineConfig) -> OpenAIServing:
 
 def request_types() -> tuple[type, type, type]:
     """``(ChatCompletionRequest, CompletionRequest, ErrorResponse)`` of the installed vLLM."""
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+
     try:  # 0.32
-        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
-        from vllm.entrypoints.openai.completion.protocol import CompletionRequest
         from vllm.entrypoints.serve.engine.protocol import ErrorResponse
     except ImportError:  # 0.24
-        from vllm.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, ErrorResponse
+        from vllm.entrypoints.openai.engine.protocol import ErrorResponse
     return ChatCompletionRequest, CompletionRequest, ErrorResponse
 
 
@@ -135,9 +133,7 @@ def error_from_exception(exc: Exception) -> tuple[int, dict]:
     try:  # 0.32
         from vllm.entrypoints.serve import create_error_response
     except ImportError:  # 0.24
-        from vllm.entrypoints.openai.serving_engine import OpenAIServing as _S
-
-        create_error_response = _S.create_error_response  # type: ignore[assignment]
+        from vllm.entrypoints.serve.utils.error_response import create_error_response
     err = create_error_response(exc)
     return int(err.error.code), err.model_dump()
 
