@@ -61,6 +61,18 @@ def max_num_blocks(num_rows: int, num_pairs: int, block_m: int) -> int:
     return min(num_rows, triton.cdiv(num_rows, block_m) + min(num_rows, num_pairs) - 1)
 
 
+ALIGN_CHUNKS = (256, 1024, 4096)
+
+
+def align_chunk(num_rows: int) -> int:
+    """Rows the align program takes per step: three sizes only, so batch sizes compile at most
+    three variants of it (``warm_up`` in ``kernels.triton_moe_lora`` compiles them ahead)."""
+    for c in ALIGN_CHUNKS[:-1]:
+        if num_rows <= c:
+            return c
+    return ALIGN_CHUNKS[-1]
+
+
 @triton.jit
 def _row_keys(topk_ids_ptr, token_lora_ptr, enabled_ptr, rows, num_rows, top_k, num_experts,
               INVALID: tl.constexpr):
@@ -153,12 +165,11 @@ def align_moe_lora(
     if num_rows == 0:
         num_blocks.zero_()
     else:
-        chunk = min(4096, max(16, triton.next_power_of_2(num_rows)))
+        chunk = align_chunk(num_rows)
         _moe_lora_align_kernel[(1,)](
             ids, token_lora, enabled, num_rows, top_k, num_experts,
             cursor, sorted_rows, block_pair, block_nrows, num_blocks,
-            PAIRS_P2=pairs_p2, CHUNK=chunk, BM=block_m,
-            num_warps=4 if chunk <= 1024 else 8 if chunk <= 2048 else 16,
+            PAIRS_P2=pairs_p2, CHUNK=chunk, BM=block_m, num_warps=4 if chunk <= 1024 else 16,
         )
     return MoELoRABlocks(sorted_rows, block_pair, block_nrows, num_blocks, max_blocks, block_m,
                          num_rows, top_k, num_experts, False, ids, token_lora, enabled)

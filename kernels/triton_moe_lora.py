@@ -21,13 +21,14 @@ dependent launch (PDL) so its B tiles load while the shrink finishes.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import torch
 import triton
 import triton.language as tl
 
-from kernels.moe_lora_align import MoELoRABlocks, align_moe_lora
+from kernels.moe_lora_align import ALIGN_CHUNKS, MoELoRABlocks, align_moe_lora
 from kernels.triton_moe_lora_configs import OpConfig, get_layer_config
 
 
@@ -190,7 +191,13 @@ def _rank_pad(rank: int) -> int:
 
 
 def _pdl_ok(t: torch.Tensor) -> bool:
-    return t.is_cuda and torch.cuda.get_device_capability(t.device)[0] >= 9
+    return t.is_cuda and _sm_major(t.device.index if t.device.index is not None
+                                   else torch.cuda.current_device()) >= 9
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_major(index: int) -> int:
+    return torch.cuda.get_device_capability(index)[0]
 
 
 def moe_lora_shrink(
@@ -331,3 +338,42 @@ class MoELoRAOps:
         part = moe_lora_shrink(h, a2, self.blocks, 1, self.cfg["shrink2"], use_pdl=self.use_pdl)
         moe_lora_expand(y2, part, b2, self.blocks, self.cfg["expand2"], scaling=scaling,
                         topk_weights=topk_weights, add_inputs=add_inputs, use_pdl=self.use_pdl)
+
+
+def warm_up(
+    lora_a13: torch.Tensor | Sequence[torch.Tensor],
+    lora_b13: torch.Tensor | Sequence[torch.Tensor],
+    lora_a2: torch.Tensor,
+    lora_b2: torch.Tensor,
+    num_experts: int,
+    top_k: int,
+    configs: Sequence[tuple[int, dict]],
+) -> None:
+    """Compiles every kernel variant that the layer configs ``[(M, config)]`` can launch, so no
+    batch size compiles during serving. Runs each config once at its M on zero inputs (outputs
+    go to scratch buffers; the weights are only read), plus the align program at each of its
+    row-chunk sizes. Call outside CUDA-graph capture.
+    """
+    a13, b13 = _as_slices(lora_a13), _as_slices(lora_b13)
+    dev = a13[0].device
+    slots, rank, hidden = a13[0].shape[0], a13[0].shape[-2], a13[0].shape[-1]
+    inter = lora_a2.shape[-1]
+    n13 = sum(b.shape[-2] for b in b13)
+    enabled = torch.ones(slots, dtype=torch.int32, device=dev)
+
+    def routing(m: int) -> tuple[torch.Tensor, torch.Tensor]:
+        ids = (torch.arange(m * top_k, device=dev, dtype=torch.int32) % num_experts).view(m, top_k)
+        return ids, torch.arange(m, device=dev, dtype=torch.int32) % slots
+
+    for m, cfg in configs:
+        ids, lora = routing(m)
+        ops = MoELoRAOps(ids, lora, enabled, num_experts, hidden, inter, rank, slots, config=cfg)
+        y13 = torch.zeros(m * top_k, n13, dtype=a13[0].dtype, device=dev)
+        ops.add_w13(y13, torch.zeros(m, hidden, dtype=a13[0].dtype, device=dev), a13, b13)
+        y2 = torch.zeros(m * top_k, hidden, dtype=a13[0].dtype, device=dev)
+        ops.add_w2(y2, torch.zeros(m * top_k, inter, dtype=a13[0].dtype, device=dev), lora_a2,
+                   lora_b2, torch.ones(m, top_k, device=dev))
+    for bm in sorted({int(cfg["block_m"]) for _, cfg in configs if not cfg.get("naive")}):
+        for chunk in ALIGN_CHUNKS:
+            ids, lora = routing(max(1, chunk // top_k))
+            align_moe_lora(ids, lora, enabled, num_experts, bm)

@@ -111,12 +111,36 @@ def get_layer_config(num_tokens: int, *, hidden: int, intermediate: int, num_exp
     """Tuned config for this device/shape/M bucket, or the heuristic default."""
     dev = torch.device(device) if device is not None else None
     if dev is not None and dev.type == "cuda":
-        slug = device_slug(torch.cuda.get_device_name(dev))
-        found = _lookup(slug, shape_key(hidden, intermediate, num_experts, top_k, rank,
-                                        num_slots), num_tokens)
+        index = dev.index if dev.index is not None else torch.cuda.current_device()
+        found = _lookup(_device_slug_of(index), shape_key(hidden, intermediate, num_experts,
+                                                          top_k, rank, num_slots), num_tokens)
         if found is not None:
             return found
-        num_sms = torch.cuda.get_device_properties(dev).multi_processor_count
+        num_sms = _num_sms_of(index)
     else:
         num_sms = NUM_SMS_DEFAULT
     return default_layer_config(num_tokens, top_k, num_experts, num_slots, num_sms)
+
+
+def tuned_layer_configs(*, hidden: int, intermediate: int, num_experts: int, top_k: int,
+                        rank: int, num_slots: int,
+                        device: torch.device | str | None = None) -> list[tuple[int, dict]]:
+    """``[(M bucket, layer config)]`` tuned for this device and shape (empty if none)."""
+    dev = torch.device(device) if device is not None else None
+    if dev is None or dev.type != "cuda":
+        return []
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    buckets = _load_device_file(_device_slug_of(index)).get(
+        shape_key(hidden, intermediate, num_experts, top_k, rank, num_slots), {})
+    return [(int(m), parse_layer_config(raw)) for m, raw in sorted(buckets.items(),
+                                                                   key=lambda kv: int(kv[0]))]
+
+
+@functools.lru_cache(maxsize=None)
+def _device_slug_of(index: int) -> str:
+    return device_slug(torch.cuda.get_device_name(index))
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms_of(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count

@@ -174,3 +174,18 @@ def test_gpu_model_shapes_bf16(shape, num_tokens):
                              compute_dtype=torch.float64)
     assert torch.isfinite(got.float()).all()
     assert rel_err(got, ref) < 2e-2
+
+
+def test_warm_up_runs_every_config_and_leaves_weights_alone():
+    from kernels.moe_lora_align import align_chunk
+    from kernels.triton_moe_lora import warm_up
+
+    assert [align_chunk(n) for n in (1, 256, 257, 1024, 1025, 10**6)] == [
+        256, 256, 1024, 1024, 4096, 4096]
+    p = random_moe_lora_problem(3, 40, 24, 5, 2, 3, 8, device=DEV)
+    lora = p["lora"]
+    before = [w.clone() for w in (lora.w13_a, lora.w13_b, lora.w2_a, lora.w2_b)]
+    configs = [(1, forced_config(16, 2, 16, 16, naive=True)), (6, forced_config(32, 1, 32, 32))]
+    warm_up(lora.w13_a, lora.w13_b, lora.w2_a, lora.w2_b, 5, 2, configs)
+    for w, b in zip((lora.w13_a, lora.w13_b, lora.w2_a, lora.w2_b), before):
+        assert torch.equal(w, b)

@@ -105,3 +105,76 @@ def test_patched_methods_match_vllm(num_slices, num_tokens):
     for got, want in ((got13, want13), (got2, want2)):
         assert want.norm() > 0
         assert float((got - want).norm() / want.norm()) < 2e-2
+
+
+def test_patched_methods_compute_the_lora_deltas(monkeypatch):
+    """The glue (meta from the punica wrapper, views of vLLM's caches, slices, skip) on any
+    device: on CPU through the Triton interpreter, with a stand-in for vLLM's context."""
+    import os
+    from types import SimpleNamespace
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    pytest.importorskip("triton")
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    H, I, E, K, L, r, T = 40, 24, 5, 2, 3, 8, 7
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2**30, ()).item()))
+
+    def rnd(*s, std=1.0):
+        return (torch.randn(*s, generator=g) * std).to(dev)
+
+    a13 = (rnd(L, E, r, H, std=H**-0.5), rnd(L, E, r, H, std=H**-0.5))  # gate, up
+    b13 = (rnd(L, E, I, r, std=r**-0.5), rnd(L, E, I, r, std=r**-0.5))
+    a2, b2 = rnd(L, E, r, I, std=I**-0.5), rnd(L, E, H, r, std=r**-0.5)
+    token_lora = torch.tensor([0, -1, 2, 1, 0, 2, -1], dtype=torch.int32, device=dev)
+    no_lora = torch.tensor([False])
+    meta = SimpleNamespace(meta_args=lambda n, spec: (token_lora[:n], None, None, None, None,
+                                                      no_lora, None))
+    pw = SimpleNamespace(token_mapping_meta=meta,
+                         lora_config=SimpleNamespace(specialize_active_lora=False))
+    ctx = SimpleNamespace(w13_lora_a_stacked=a13, w13_lora_b_stacked=b13,
+                          w2_lora_a_stacked=(a2,), w2_lora_b_stacked=(b2,),
+                          adapter_enabled=torch.tensor([1, 1, 1, 0], dtype=torch.int32,
+                                                       device=dev),
+                          max_loras=L, local_num_experts=E, fully_sharded=False, tp_size=1,
+                          local_token_lora_mapping=None, punica_wrapper=pw)
+    monkeypatch.setattr(vllm_cuda, "_ours_applies", lambda c, x, em: True)
+    monkeypatch.setattr(vllm_cuda, "WARM_UP_MS", (1, 3))
+    ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)]).to(torch.int32)
+    ids = ids.to(dev)
+    tw = torch.softmax(rnd(T, K), -1)
+    x, h = rnd(T, H), rnd(T * K, I)
+    y13, y2 = rnd(T, K, 2 * I), rnd(T, K, H)
+    want13, want2 = y13.double().clone(), y2.double().clone()
+    for t in range(T):
+        a = int(token_lora[t])
+        if a < 0:
+            continue
+        for k in range(K):
+            e = int(ids[t, k])
+            for s in range(2):
+                want13[t, k, s * I:(s + 1) * I] += (x[t].double() @ a13[s][a, e].double().t()
+                                                    ) @ b13[s][a, e].double().t()
+            want2[t, k] += (tw[t, k].double() * (h[t * K + k].double() @ a2[a, e].double().t())
+                            @ b2[a, e].double().t())
+    out = vllm_cuda._apply_w13_lora(None, ctx, y=y13, x=x, topk_ids=ids, topk_weights=tw,
+                                    expert_map=None, w1=None, w2=None, num_tokens=T,
+                                    top_k_num=K)
+    vllm_cuda._apply_w2_lora(None, ctx, y=y2, x=h, topk_weights=tw, sorted_token_ids_lora=out[0],
+                             expert_ids_lora=out[1], num_tokens_post_padded_lora=out[2],
+                             token_lora_mapping=out[3], num_tokens=T, w1=None, w2=None,
+                             top_k_num=K)
+    tol = 5e-3 if dev == "cuda" else 1e-5
+    for got, want in ((y13, want13), (y2, want2)):
+        assert float((got.double() - want).norm() / want.norm()) < tol
+    # a batch without LoRA tokens: both ops leave the caches alone
+    no_lora[0] = True
+    before = y13.clone()
+    out = vllm_cuda._apply_w13_lora(None, ctx, y=y13, x=x, topk_ids=ids, topk_weights=tw,
+                                    expert_map=None, w1=None, w2=None, num_tokens=T,
+                                    top_k_num=K)
+    assert torch.equal(y13, before)
+    assert vllm_cuda._apply_w2_lora(None, ctx, y=y2, x=h, topk_weights=tw,
+                                    sorted_token_ids_lora=out[0], expert_ids_lora=None,
+                                    num_tokens_post_padded_lora=None, token_lora_mapping=None,
+                                    num_tokens=T, w1=None, w2=None, top_k_num=K) is None
