@@ -5,7 +5,8 @@ the gateway with the adapter's manifest already resolved and authorised; the rep
 makes the adapter resident (disk cache → ``add_lora``) and pins it for the request's lifetime.
 
 Return protocol to the gateway (plain data, so it crosses Ray unchanged):
-- ``generate`` returns ``{"status": int, "body": dict, "replica": str}``.
+- ``generate`` returns ``{"status": int, "body": dict, "replica": str}`` (+ ``retry_after_s`` on
+  errors where retrying can help).
 - ``generate_stream`` yields ``{"status": int, "body": dict | None, "replica": str}`` first, then
   SSE strings (``"data: ...\\n\\n"``) when the status is 200.
 """
@@ -23,19 +24,17 @@ from ray import serve
 
 from adapters_registry.manifest import AdapterManifest
 from app.config import AppConfig
-from app.errors import NotReady
+from app.errors import NotReady, describe, error_body
 
 logger = logging.getLogger(__name__)
 Kind = Literal["chat", "completion"]
 
 
-def engine_applies_expert_lora() -> bool:
-    """Whether this engine applies MoE-expert LoRA (else adapters with expert weights are refused)."""
-    try:
-        from kernels.capabilities import engine_applies_expert_lora as applies
-    except ImportError:
-        return False
-    return applies()
+def expert_lora_refusal() -> str | None:
+    """Why this engine cannot apply MoE-expert LoRA (adapters with it are then refused), or None."""
+    from kernels.capabilities import expert_lora_unavailable_reason
+
+    return expert_lora_unavailable_reason()
 
 
 class ExpertLoraUnsupported(Exception):
@@ -44,11 +43,10 @@ class ExpertLoraUnsupported(Exception):
     http_status = 422
     error_type = "invalid_request_error"
 
-    def __init__(self, adapter_id: str):
+    def __init__(self, adapter_id: str, reason: str):
         self.message = (
-            f"adapter {adapter_id!r} has MoE expert LoRA weights, which this engine cannot apply "
-            "(loraplex's MoE-LoRA plugin is off or unsupported here: set engine.moe_lora_plugin: true "
-            "or LORAPLEX_MOE_LORA=1); it is refused rather than served without its expert weights"
+            f"adapter {adapter_id!r} has MoE-expert LoRA weights, which this engine cannot apply: {reason}; "
+            "it is refused rather than served without its expert weights (set engine.moe_lora_plugin: true)"
         )
         super().__init__(self.message)
 
@@ -75,7 +73,7 @@ class EngineServer:
         cache_root = self.cfg.resolved_cache_dir() / _replica_name()  # one cache per replica
         self.cache = AdapterCache(cache_root, self.cfg.cache_max_bytes)
         self.slots = AdapterSlots(vllm_serving.ServingLoraOps(self.serving), self.cache, ecfg.max_cpu_loras)
-        self.applies_expert_lora = engine_applies_expert_lora()
+        self.expert_lora_refusal = expert_lora_refusal()
         self.replica = _replica_name()
         self._newest_version: dict[str, int] = {}  # per adapter id: newest version requested here
 
@@ -119,8 +117,8 @@ class EngineServer:
         return {"rows_unpinned": self.slots.unpin(adapter_id)}
 
     def _check_applicable(self, manifest: AdapterManifest) -> None:
-        if manifest.has_expert_lora and not self.applies_expert_lora:
-            raise ExpertLoraUnsupported(manifest.adapter_id)
+        if manifest.has_expert_lora and self.expert_lora_refusal is not None:
+            raise ExpertLoraUnsupported(manifest.adapter_id, self.expert_lora_refusal)
 
     @asynccontextmanager
     async def _adapter(self, manifest: AdapterManifest | None):
@@ -142,17 +140,13 @@ class EngineServer:
         return request, handler
 
     def _error(self, exc: Exception) -> dict[str, Any]:
-        if hasattr(exc, "http_status"):
-            from app.errors import error_body
-
-            status = int(exc.http_status)
-            msg = getattr(exc, "message", str(exc))
-            body = error_body(status, msg, getattr(exc, "error_type", "invalid_request_error"))
-            if getattr(exc, "retry_after_s", None) is not None:
-                body["error"]["retry_after_s"] = exc.retry_after_s
-            return {"status": status, "body": body}
+        """An exception as the protocol's error item: ours and the registry's keep their status,
+        invalid bodies are 400, everything else goes through vLLM's own mapping."""
         from pydantic import ValidationError
 
+        if hasattr(exc, "http_status"):
+            status, body, retry = describe(exc)
+            return {"status": status, "body": body, "retry_after_s": retry}
         if isinstance(exc, ValidationError):
             return {"status": 400, "body": _validation_body(exc)}
         status, body = self._error_from_exception(exc)
@@ -203,8 +197,6 @@ def _manifest(dump: dict | None) -> AdapterManifest | None:
 
 
 def _validation_body(exc) -> dict[str, Any]:
-    from app.errors import error_body
-
     parts = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()[:5]]
     return error_body(400, "invalid request body: " + "; ".join(parts), "invalid_request_error")
 

@@ -63,18 +63,31 @@ def error_body(status: int, message: str, error_type: str) -> dict[str, Any]:
     return {"error": {"message": message, "type": error_type, "code": status}}
 
 
-def error_response(exc: Exception) -> JSONResponse:
-    """Maps any exception of the serving path to a JSON error response."""
-    status = getattr(exc, "http_status", 500)
+def describe(exc: Exception) -> tuple[int, dict[str, Any], float | None]:
+    """``(status, OpenAI error body, retry_after_s)`` of any exception of the serving path.
+
+    Exceptions with ``http_status`` (ours, the registry's) keep their status and message; anything
+    else is a 500 whose message names the exception type.
+    """
+    status = int(getattr(exc, "http_status", 500))
     error_type = getattr(exc, "error_type", None) or _type_for_status(status)
     message = getattr(exc, "message", None) or str(exc) or exc.__class__.__name__
-    if status >= 500 and not isinstance(exc, LoraplexError) and not hasattr(exc, "http_status"):
+    if not hasattr(exc, "http_status"):
         message = f"internal error: {exc.__class__.__name__}: {message}"
-    headers = {}
-    retry = getattr(exc, "retry_after_s", None)
-    if retry is not None:
-        headers["Retry-After"] = str(max(1, int(round(retry))))
-    return JSONResponse(error_body(status, message, error_type), status_code=status, headers=headers)
+    return status, error_body(status, message, error_type), getattr(exc, "retry_after_s", None)
+
+
+def json_error(status: int, body: dict[str, Any], retry_after_s: float | None = None, headers: dict | None = None) -> JSONResponse:
+    """The error response, with ``Retry-After`` (whole seconds, at least 1) when retrying can help."""
+    headers = dict(headers or {})
+    if retry_after_s is not None:
+        headers["Retry-After"] = str(max(1, int(round(retry_after_s))))
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def error_response(exc: Exception) -> JSONResponse:
+    """Maps any exception of the serving path to a JSON error response."""
+    return json_error(*describe(exc))
 
 
 def _type_for_status(status: int) -> str:

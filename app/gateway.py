@@ -24,7 +24,7 @@ from app import admin_routes
 from app.admission import Admission
 from app.catalog import AdapterCatalog
 from app.config import AppConfig
-from app.errors import BadRequest, Forbidden, LoraplexError, NotFound, NotReady, error_response
+from app.errors import BadRequest, Forbidden, LoraplexError, NotFound, NotReady, error_response, json_error
 from app.tenants import Tenant, TenantDirectory
 
 api = FastAPI(title="loraplex", description="Multi-tenant LoRA serving for MoE LLMs")
@@ -54,6 +54,14 @@ def _estimate_tokens(body: dict[str, Any]) -> int:
         return len(json.dumps(prompt)) // 4 + int(max_tokens)
     except (TypeError, ValueError):
         return DEFAULT_MAX_TOKENS
+
+
+def _engine_response(out: dict[str, Any]) -> Response:
+    """An engine result (see ``app.engine``'s protocol) as the HTTP response."""
+    headers = {REPLICA_HEADER: out["replica"]}
+    if out["status"] == 200:
+        return JSONResponse(out["body"], headers=headers)
+    return json_error(out["status"], out["body"], out.get("retry_after_s"), headers)
 
 
 @serve.deployment(name="Gateway")
@@ -141,7 +149,7 @@ class Gateway:
                     response = await self._stream(engine, kind, body, manifest)
                 else:
                     out = await engine.generate.remote(kind, body, manifest)
-                    response = JSONResponse(out["body"], status_code=out["status"], headers={REPLICA_HEADER: out["replica"]})
+                    response = _engine_response(out)
             status = response.status_code
             return response
         except (LoraplexError, RegistryError) as exc:
@@ -167,9 +175,9 @@ class Gateway:
     async def _stream(self, engine: DeploymentHandle, kind: str, body: dict, manifest: dict | None) -> Response:
         gen = engine.options(stream=True).generate_stream.remote(kind, body, manifest)
         head = await gen.__anext__()
-        headers = {REPLICA_HEADER: head["replica"]}
         if head["status"] != 200:
-            return JSONResponse(head["body"], status_code=head["status"], headers=headers)
+            return _engine_response(head)
+        headers = {REPLICA_HEADER: head["replica"]}
 
         async def relay():
             async for item in gen:
