@@ -87,7 +87,7 @@ class AdapterSlots:
         capacity: int,
         *,
         request_factory: RequestFactory = vllm_lora_request,
-        acquire_timeout_s: float = 10.0,
+        acquire_timeout_s: float = 30.0,
     ) -> None:
         if capacity < 1:
             raise ValueError("capacity must be >= 1")

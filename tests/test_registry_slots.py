@@ -218,3 +218,28 @@ async def test_more_adapters_than_slots_under_concurrency(store, base, tmp_path)
     assert {r["lora_name"] for r in slots.snapshot()} == engine.names()
     assert slots.stats["evictions"] > 0 and slots.stats["failures"] == 0
     assert cache.used_bytes <= cache.max_bytes
+
+
+@asynctest
+async def test_metrics_per_tier(store, base, tmp_path):
+    from prometheus_client import REGISTRY
+
+    def val(name, **labels):
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    ms = publish_n(store, base, tmp_path, 2)
+    before = {
+        "disk_miss": val("loraplex_adapter_lookups_total", tier="disk", result="miss"),
+        "engine_hit": val("loraplex_adapter_lookups_total", tier="engine", result="hit"),
+        "engine_evict": val("loraplex_adapter_evictions_total", tier="engine"),
+        "disk_loads": val("loraplex_adapter_load_seconds_count", tier="disk"),
+    }
+    engine, cache, slots = make(tmp_path, 1)
+    for m in (ms[0], ms[0], ms[1]):
+        async with slots.use(store, m):
+            pass
+    assert val("loraplex_adapter_lookups_total", tier="disk", result="miss") - before["disk_miss"] == 2
+    assert val("loraplex_adapter_lookups_total", tier="engine", result="hit") - before["engine_hit"] == 1
+    assert val("loraplex_adapter_evictions_total", tier="engine") - before["engine_evict"] == 1
+    assert val("loraplex_adapter_load_seconds_count", tier="disk") - before["disk_loads"] == 2
+    assert val("loraplex_adapter_cache_bytes") == cache.used_bytes > 0
