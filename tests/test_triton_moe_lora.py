@@ -7,40 +7,71 @@ the GPT-OSS-20B / Qwen3-30B-A3B shape checks run only on a CUDA GPU.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 HAS_CUDA = torch.cuda.is_available()
-if not HAS_CUDA:
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+# Without CUDA the kernels run in the Triton interpreter, which needs TRITON_INTERPRET=1 before
+# triton is first imported in the process (its standard library is decorated then) and while
+# kernels run. Here it is set for this module's import and, through the fixture below, for each
+# test, and restored after, so other tests never see it. When triton was imported earlier in this
+# process without it (another test imported vLLM), the in-process tests skip and
+# ``test_interpreter_suite_in_fresh_process`` runs them in a fresh interpreter process instead.
+IN_PROCESS_OK = (HAS_CUDA or "triton" not in sys.modules
+                 or os.environ.get("TRITON_INTERPRET") == "1")
+_saved = os.environ.get("TRITON_INTERPRET")
+if not HAS_CUDA and IN_PROCESS_OK:
+    os.environ["TRITON_INTERPRET"] = "1"
+try:
+    triton = pytest.importorskip("triton")
+    from kernels.moe_lora_align import align_moe_lora, max_num_blocks
+    from kernels.reference import MoELoRAWeights, moe_lora_reference, random_moe_lora_problem
+    from kernels.triton_moe_layer import moe_lora_layer
+    from kernels.triton_moe_lora import MoELoRAOps
+    from kernels.triton_moe_lora_configs import OpConfig
 
-triton = pytest.importorskip("triton")
+    DEV = "cuda" if HAS_CUDA else "cpu"
 
-from kernels.moe_lora_align import align_moe_lora, max_num_blocks  # noqa: E402
-from kernels.reference import (  # noqa: E402
-    MoELoRAWeights,
-    moe_lora_reference,
-    random_moe_lora_problem,
-)
-from kernels.triton_moe_layer import moe_lora_layer  # noqa: E402
-from kernels.triton_moe_lora import MoELoRAOps  # noqa: E402
-from kernels.triton_moe_lora_configs import OpConfig  # noqa: E402
+    def _triton_runs() -> bool:
+        if not IN_PROCESS_OK:
+            return False
+        try:
+            blocks = align_moe_lora(torch.zeros(1, 1, dtype=torch.int32, device=DEV),
+                                    torch.zeros(1, dtype=torch.int32, device=DEV),
+                                    torch.ones(1, dtype=torch.int32, device=DEV), 1, 16)
+            return int(blocks.num_blocks[0]) == 1
+        except Exception:  # noqa: BLE001 - any failure means "cannot run Triton here"
+            return False
 
-DEV = "cuda" if HAS_CUDA else "cpu"
+    TRITON_OK = _triton_runs()
+finally:
+    if _saved is None:
+        os.environ.pop("TRITON_INTERPRET", None)
+    else:
+        os.environ["TRITON_INTERPRET"] = _saved
 
-
-def _triton_runs() -> bool:
-    try:
-        blocks = align_moe_lora(torch.zeros(1, 1, dtype=torch.int32, device=DEV),
-                                torch.zeros(1, dtype=torch.int32, device=DEV),
-                                torch.ones(1, dtype=torch.int32, device=DEV), 1, 16)
-        return int(blocks.num_blocks[0]) == 1
-    except Exception:  # noqa: BLE001 - any failure means "cannot run Triton here"
-        return False
+needs_triton = pytest.mark.skipif(not TRITON_OK, reason="Triton cannot run in this process")
 
 
-pytestmark = pytest.mark.skipif(not _triton_runs(), reason="Triton cannot run here")
+@pytest.fixture(autouse=True)
+def _interpreter_when_no_gpu(monkeypatch):
+    if not HAS_CUDA:
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+@pytest.mark.skipif(IN_PROCESS_OK, reason="the tests run in this process")
+def test_interpreter_suite_in_fresh_process():
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    files = [str(Path(__file__).resolve()), str(root / "tests" / "test_vllm_cuda.py")]
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert " passed" in proc.stdout
 
 
 def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
@@ -69,6 +100,7 @@ CASES = [
 ]
 
 
+@needs_triton
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"T{c[0]}H{c[1]}I{c[2]}r{c[6]}")
 def test_layer_matches_reference(case):
     t, h, i, e, k, n_slots, r, act, cfg = case
@@ -86,6 +118,7 @@ def test_layer_matches_reference(case):
     assert rel_err(base, ref) > 1e-2
 
 
+@needs_triton
 def test_align_puts_every_lora_row_in_one_block():
     gen = torch.Generator().manual_seed(int(torch.randint(0, 2**30, ()).item()))
     m, k, e, n_slots, bm = 37, 3, 6, 4, 16
@@ -111,6 +144,7 @@ def test_align_puts_every_lora_row_in_one_block():
     assert sorted(seen) == sorted(want)
 
 
+@needs_triton
 def test_batch_without_lora_leaves_outputs_alone():
     m, h, i, e, k, n_slots, r = 6, 32, 24, 4, 2, 2, 8
     p = random_moe_lora_problem(m, h, i, e, k, n_slots, r, device=DEV, no_adapter_fraction=1.0)
@@ -126,6 +160,7 @@ def test_batch_without_lora_leaves_outputs_alone():
         assert torch.equal(y13, before)
 
 
+@needs_triton
 def test_two_slice_gate_up_matches_folded_reference():
     """vLLM's per-expert stacks: separate gate/up A and B, written to [gate | up] columns."""
     m, h, i, e, k, n_slots, r = 11, 40, 24, 5, 2, 3, 16
@@ -155,6 +190,7 @@ def test_two_slice_gate_up_matches_folded_reference():
     assert rel_err(y13, want) < TOL_F32
 
 
+@needs_triton
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("shape", [
     pytest.param((2880, 2880, 32, 4, "swigluoai"), id="gpt-oss-20b"),
@@ -176,6 +212,7 @@ def test_gpu_model_shapes_bf16(shape, num_tokens):
     assert rel_err(got, ref) < 2e-2
 
 
+@needs_triton
 def test_warm_up_runs_every_config_and_leaves_weights_alone():
     from kernels.moe_lora_align import align_chunk
     from kernels.triton_moe_lora import warm_up

@@ -3,6 +3,8 @@ patched ``LoRAExpertsMixin`` methods against vLLM's own ``fused_moe_lora`` on th
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -110,11 +112,19 @@ def test_patched_methods_match_vllm(num_slices, num_tokens):
 def test_patched_methods_compute_the_lora_deltas(monkeypatch):
     """The glue (meta from the punica wrapper, views of vLLM's caches, slices, skip) on any
     device: on CPU through the Triton interpreter, with a stand-in for vLLM's context."""
-    import os
+    import sys
     from types import SimpleNamespace
 
     if not torch.cuda.is_available():
-        os.environ.setdefault("TRITON_INTERPRET", "1")
+        # the interpreter needs the variable before triton's first import (see
+        # test_triton_moe_lora.py, which reruns this file in a fresh process otherwise)
+        if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+            from triton.language import standard
+            from triton.runtime.interpreter import InterpretedFunction
+
+            if not isinstance(standard.sum, InterpretedFunction):
+                pytest.skip("triton already imported without the interpreter in this process")
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
     pytest.importorskip("triton")
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     H, I, E, K, L, r, T = 40, 24, 5, 2, 3, 8, 7
