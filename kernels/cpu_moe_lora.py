@@ -1,12 +1,15 @@
 """CPU implementation of the MoE layer with multi-LoRA, batched by (expert, adapter).
 
 Same math as ``kernels.reference.moe_lora_reference`` (see its module doc for notation and
-layouts), computed group by group instead of token by token:
+layouts), computed in phases instead of token by token:
 
 1. every (token, top-k slot) pair is keyed by (expert e, adapter slot a) and sorted;
-2. per expert: one GEMM ``x_e W13_e^T`` for all of its pairs, then per adapter sub-group the two
-   thin LoRA GEMMs ``(x A^T) B^T`` added in place, the activation, the down GEMM and its LoRA;
-3. the routing-weighted results are scattered back with ``index_add_``.
+2. per expert, one GEMM ``x_e W13_e^T`` over all of its pairs (into one ``[P, 2I]`` buffer);
+3. the gate_up LoRA ``s_a (x A^T) B^T`` is added: one pair of thin GEMMs per (expert, adapter)
+   group when groups are large (prefill), or gathered per-pair A/B and two batched matmuls when
+   they are small (decode), see ``GROUPED_MIN_ROWS``;
+4. the activation over all pairs at once, then steps 2-3 again for the down projection;
+5. the routing-weighted results are summed per token with one ``index_add_``.
 
 The LoRA weights may come in *slices* (``MoELoRASlices``): vLLM keeps gate and up LoRA as two
 slices with separate A matrices (``w13`` output = slices concatenated for ``silu``, interleaved
@@ -23,6 +26,9 @@ import torch
 from kernels.reference import MoELoRAWeights, apply_activation
 
 ACTIVATIONS = ("silu", "swigluoai")
+# Below this many rows per (expert, adapter) group on average, LoRA runs as gathered batched
+# matmuls instead of one pair of GEMMs per group (Python overhead dominates tiny GEMMs).
+GROUPED_MIN_ROWS = 8
 
 
 @dataclass
@@ -60,21 +66,6 @@ def _expert_view(t: torch.Tensor, a: int, e: int) -> torch.Tensor:
     return t[a, e if t.shape[1] != 1 else 0]
 
 
-def _w13_lora_delta(
-    xs: torch.Tensor, lora: MoELoRASlices, a: int, e: int, activation: str
-) -> torch.Tensor:
-    """``xs [n, H]`` → gate_up LoRA delta ``[n, 2I]`` in ``w13`` row order (unscaled)."""
-    parts = [
-        (xs @ _expert_view(wa, a, e).t()) @ _expert_view(wb, a, e).t()
-        for wa, wb in zip(lora.w13_a, lora.w13_b)
-    ]
-    if len(parts) == 1:
-        return parts[0]
-    if activation == "swigluoai":
-        return torch.stack(parts, dim=-1).flatten(-2)
-    return torch.cat(parts, dim=-1)
-
-
 def pair_groups(
     topk_ids: torch.Tensor, token_lora: torch.Tensor, enabled: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, list[tuple[int, int, int, int]]]:
@@ -102,6 +93,56 @@ def pair_groups(
         groups.append((k // (num_slots + 1), k % (num_slots + 1) - 1, start, start + c))
         start += c
     return order, lora[order], groups
+
+
+def _column_blocks(num_slices: int, width: int, activation: str) -> list[slice]:
+    """Columns of the layer output that LoRA slice j writes: all (1 slice), the j-th block
+    (``silu``: ``[gate | up]``) or every other column from j (``swigluoai``: interleaved)."""
+    if num_slices == 1:
+        return [slice(None)]
+    if activation == "swigluoai":
+        return [slice(j, None, num_slices) for j in range(num_slices)]
+    size = width // num_slices
+    return [slice(j * size, (j + 1) * size) for j in range(num_slices)]
+
+
+def _add_lora(
+    out: torch.Tensor,
+    inp: torch.Tensor,
+    a_slices: tuple[torch.Tensor, ...],
+    b_slices: tuple[torch.Tensor, ...],
+    scaling: torch.Tensor | None,
+    pair_lora: torch.Tensor,
+    pair_expert: torch.Tensor,
+    groups: list[tuple[int, int, int, int]],
+    activation: str,
+) -> None:
+    """``out[p] += s_a · (inp[p] A_{a,e}^T) B_{a,e}^T`` for every sorted pair p with an adapter.
+
+    Large (expert, adapter) groups run as two thin GEMMs each; when groups are small on average
+    (decode) the pairs' A and B are gathered and multiplied in two batched matmuls instead.
+    """
+    cols = _column_blocks(len(a_slices), out.shape[1], activation)
+    rows_total = sum(t - s for _, _, s, t in groups)
+    if rows_total >= GROUPED_MIN_ROWS * len(groups):
+        for e, a, s, t in groups:
+            scale = scaling[a].to(out.dtype) if scaling is not None else None
+            for wa, wb, c in zip(a_slices, b_slices, cols):
+                delta = (inp[s:t] @ _expert_view(wa, a, e).t()) @ _expert_view(wb, a, e).t()
+                out[s:t, c] += delta * scale if scale is not None else delta
+        return
+    rows = torch.cat([torch.arange(s, t) for _, _, s, t in groups])
+    lora_idx, expert_idx = pair_lora[rows], pair_expert[rows]
+    x_rows = inp[rows].unsqueeze(-1)  # [n, in, 1]
+    block = out[rows]
+    for wa, wb, c in zip(a_slices, b_slices, cols):
+        a_sel = wa[lora_idx, expert_idx if wa.shape[1] != 1 else 0]  # [n, r, in]
+        b_sel = wb[lora_idx, expert_idx if wb.shape[1] != 1 else 0]  # [n, out_j, r]
+        delta = torch.bmm(b_sel, torch.bmm(a_sel, x_rows)).squeeze(-1)
+        if scaling is not None:
+            delta = delta * scaling[lora_idx].to(delta.dtype).unsqueeze(-1)
+        block[:, c] += delta
+    out[rows] = block
 
 
 def moe_lora_cpu_sliced(
@@ -136,34 +177,37 @@ def moe_lora_cpu_sliced(
         enabled = torch.zeros(1, dtype=torch.bool)
     else:
         enabled = lora.enabled
-    order, _pair_lora, groups = pair_groups(topk_ids, token_lora, enabled)
+    order, pair_lora, groups = pair_groups(topk_ids, token_lora, enabled)
+    P = order.numel()
     tokens = order // K
-    weights = topk_weights.reshape(-1)[order].to(torch.float32)
-    for e, start, end, sub in _by_expert(groups):
-        t_idx = tokens[start:end]
-        xs = x[t_idx]
-        gu = xs @ w13[e].t()
-        if w13_bias is not None:
-            gu = gu + w13_bias[e]
-        lora_rows = [(a, s - start, t - start) for a, s, t in sub if a >= 0]
-        for a, s, t in lora_rows:
-            delta = _w13_lora_delta(xs[s:t], lora, a, e, activation)
-            if lora.scaling is not None:
-                delta = delta * lora.scaling[a].to(delta.dtype)
-            gu[s:t] += delta.to(gu.dtype)
-        h = apply_activation(gu, activation)
-        d = h @ w2[e].t()
-        if w2_bias is not None:
-            d = d + w2_bias[e]
-        for a, s, t in lora_rows:
-            delta = (h[s:t] @ lora.w2_a[a, e].t()) @ _expert_view(lora.w2_b, a, e).t()
-            if lora.scaling is not None:
-                delta = delta * lora.scaling[a].to(delta.dtype)
-            d[s:t] += delta.to(d.dtype)
-        d = d.to(torch.float32)
-        if apply_router_weight:
-            d = d * weights[start:end, None]
-        y.index_add_(0, t_idx, d)
+    pair_expert = topk_ids.reshape(-1)[order].long()
+    experts = [(e, s, t) for e, s, t, _ in _by_expert(groups)]
+    lora_groups = [g for g in groups if g[1] >= 0]
+    xs = x[tokens]  # [P, H], pairs sorted by (expert, adapter)
+
+    gate_up = x.new_empty(P, w13.shape[1])
+    for e, s, t in experts:
+        torch.matmul(xs[s:t], w13[e].t(), out=gate_up[s:t])
+    if w13_bias is not None:
+        gate_up += w13_bias[pair_expert]
+    if lora_groups:
+        _add_lora(gate_up, xs, lora.w13_a, lora.w13_b, lora.scaling, pair_lora, pair_expert,
+                  lora_groups, activation)
+    h = apply_activation(gate_up, activation)
+
+    down = x.new_empty(P, w2.shape[1])
+    for e, s, t in experts:
+        torch.matmul(h[s:t], w2[e].t(), out=down[s:t])
+    if w2_bias is not None:
+        down += w2_bias[pair_expert]
+    if lora_groups:
+        _add_lora(down, h, (lora.w2_a,), (lora.w2_b,), lora.scaling, pair_lora, pair_expert,
+                  lora_groups, activation)
+
+    down = down.to(torch.float32)
+    if apply_router_weight:
+        down *= topk_weights.reshape(-1)[order].to(torch.float32).unsqueeze(-1)
+    y.index_add_(0, tokens, down)
     return y.to(x.dtype)
 
 

@@ -55,6 +55,17 @@ def test_matches_reference_bf16(shape, rank, activation):
     _check(out, ref, torch.bfloat16)
 
 
+@pytest.mark.parametrize("grouped_min_rows", [0, 10**9], ids=["grouped-gemms", "gathered-bmm"])
+@pytest.mark.parametrize("activation", ["silu", "swigluoai"])
+def test_both_lora_strategies_match_reference(monkeypatch, grouped_min_rows, activation):
+    import kernels.cpu_moe_lora as cpu
+
+    monkeypatch.setattr(cpu, "GROUPED_MIN_ROWS", grouped_min_rows)
+    p = random_moe_lora_problem(45, 40, 24, 6, 3, 3, 16, slots_without_experts=(2,), with_bias=True)
+    ref = moe_lora_reference(**p, activation=activation, compute_dtype=torch.float64)
+    _check(cpu.moe_lora_cpu(**p, activation=activation), ref, torch.float32)
+
+
 def test_tokens_without_adapter_and_slots_without_experts_get_the_base_layer():
     p = random_moe_lora_problem(40, 64, 32, 8, 2, 3, 16, no_adapter_fraction=0.5, slots_without_experts=(1,))
     out = moe_lora_cpu(**p)
