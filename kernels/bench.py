@@ -96,7 +96,8 @@ class Layers:
 
 
 def run_m(m: int, lay: Layers, gen: torch.Generator, pw, copy_tbs: float) -> dict:
-    from kernels.triton_moe_lora import MoELoRAOps, moe_lora_expand, moe_lora_shrink
+    from kernels.triton_moe_lora import moe_lora_expand, moe_lora_shrink
+    from kernels.triton_moe_lora_ops import MoELoRAOps
 
     n = lay.n
     dev = torch.device("cuda")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from kernels.reference import MoELoRAWeights, apply_activation
-from kernels.triton_moe_lora import MoELoRAOps
+from kernels.triton_moe_lora_ops import MoELoRAOps
 
 
 def moe_lora_layer(

@@ -17,6 +17,8 @@ Every kernel: grids depend only on M (CUDA-graph safe), batch-dependent integers
 ``do_not_specialize``, programs of unused blocks exit at once (early exit for batches without
 MoE-LoRA), EVEN_K / EVEN_R drop masks, and the expand can be launched with programmatic
 dependent launch (PDL) so its B tiles load while the shrink finishes.
+
+``kernels.triton_moe_lora_ops.MoELoRAOps`` runs the four ops of a layer on one block layout.
 """
 
 from __future__ import annotations
@@ -28,8 +30,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.moe_lora_align import ALIGN_CHUNKS, MoELoRABlocks, align_moe_lora
-from kernels.triton_moe_lora_configs import OpConfig, get_layer_config
+from kernels.moe_lora_align import MoELoRABlocks
+from kernels.triton_moe_lora_configs import OpConfig
 
 
 @triton.jit
@@ -182,7 +184,7 @@ def _moe_lora_expand_kernel(
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=y_mask)
 
 
-def _as_slices(w: torch.Tensor | Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+def as_slices(w: torch.Tensor | Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
     return (w,) if isinstance(w, torch.Tensor) else tuple(w)
 
 
@@ -190,7 +192,7 @@ def _rank_pad(rank: int) -> int:
     return max(16, triton.next_power_of_2(rank))
 
 
-def _pdl_ok(t: torch.Tensor) -> bool:
+def pdl_supported(t: torch.Tensor) -> bool:
     return t.is_cuda and _sm_major(t.device.index if t.device.index is not None
                                    else torch.cuda.current_device()) >= 9
 
@@ -215,7 +217,7 @@ def moe_lora_shrink(
     ``x_row_div``: row ``t*K+k`` reads ``x[(t*K+k) // x_row_div]`` (K for gate_up, 1 for down).
     ``out``: a buffer of at least that size to write the partials into (CUDA-graph reuse).
     """
-    a = _as_slices(lora_a)
+    a = as_slices(lora_a)
     num_slices = len(a)
     rank, in_features = a[0].shape[-2], a[0].shape[-1]
     rp = _rank_pad(rank)
@@ -267,7 +269,7 @@ def moe_lora_expand(
     ``topk_weights [M, K]`` multiplies row ``t*K+k`` by its routing weight (down proj) when given.
     With ``add_inputs=False`` the rows of the blocks are overwritten (other rows untouched).
     """
-    b = _as_slices(lora_b)
+    b = as_slices(lora_b)
     num_slices = len(b)
     out_features, rank = b[0].shape[-2], b[0].shape[-1]
     rp = _rank_pad(rank)
@@ -292,88 +294,3 @@ def moe_lora_expand(
         ADD_INPUTS=add_inputs, NAIVE=blocks.naive, USE_PDL=use_pdl,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra,
     )
-
-
-class MoELoRAOps:
-    """The four ops of one MoE layer for one batch, sharing one block layout.
-
-    ``topk_ids [M, K]``, ``token_lora [>=M]`` (-1: no adapter), ``enabled [L]`` (expert LoRA per
-    slot). The config comes from ``kernels/configs`` for this device and shape (or defaults).
-    """
-
-    def __init__(
-        self,
-        topk_ids: torch.Tensor,
-        token_lora: torch.Tensor,
-        enabled: torch.Tensor,
-        num_experts: int,
-        hidden: int,
-        intermediate: int,
-        rank: int,
-        num_slots: int,
-        config: dict | None = None,
-        use_pdl: bool | None = None,
-    ) -> None:
-        m, k = topk_ids.shape
-        self.cfg = config or get_layer_config(
-            m, hidden=hidden, intermediate=intermediate, num_experts=num_experts, top_k=k,
-            rank=rank, num_slots=num_slots, device=topk_ids.device,
-        )
-        self.use_pdl = (_pdl_ok(topk_ids) and bool(self.cfg.get("pdl", False))
-                        if use_pdl is None else use_pdl)
-        self.blocks = align_moe_lora(topk_ids, token_lora, enabled, num_experts,
-                                     int(self.cfg["block_m"]), naive=bool(self.cfg.get("naive")))
-
-    def add_w13(self, y13: torch.Tensor, x: torch.Tensor, a13, b13,
-                scaling: torch.Tensor | None = None, add_inputs: bool = True) -> None:
-        """gate_up: ``y13 [M*K, 2I] (+)= scale * (x A13^T) B13^T`` for rows with expert LoRA."""
-        part = moe_lora_shrink(x, a13, self.blocks, self.blocks.top_k, self.cfg["shrink13"],
-                               use_pdl=self.use_pdl)
-        moe_lora_expand(y13, part, b13, self.blocks, self.cfg["expand13"], scaling=scaling,
-                        add_inputs=add_inputs, use_pdl=self.use_pdl)
-
-    def add_w2(self, y2: torch.Tensor, h: torch.Tensor, a2, b2, topk_weights: torch.Tensor | None,
-               scaling: torch.Tensor | None = None, add_inputs: bool = True) -> None:
-        """down: ``y2 [M*K, H] (+)= scale * w * (h A2^T) B2^T`` with ``h [M*K, I]``."""
-        part = moe_lora_shrink(h, a2, self.blocks, 1, self.cfg["shrink2"], use_pdl=self.use_pdl)
-        moe_lora_expand(y2, part, b2, self.blocks, self.cfg["expand2"], scaling=scaling,
-                        topk_weights=topk_weights, add_inputs=add_inputs, use_pdl=self.use_pdl)
-
-
-def warm_up(
-    lora_a13: torch.Tensor | Sequence[torch.Tensor],
-    lora_b13: torch.Tensor | Sequence[torch.Tensor],
-    lora_a2: torch.Tensor,
-    lora_b2: torch.Tensor,
-    num_experts: int,
-    top_k: int,
-    configs: Sequence[tuple[int, dict]],
-) -> None:
-    """Compiles every kernel variant that the layer configs ``[(M, config)]`` can launch, so no
-    batch size compiles during serving. Runs each config once at its M on zero inputs (outputs
-    go to scratch buffers; the weights are only read), plus the align program at each of its
-    row-chunk sizes. Call outside CUDA-graph capture.
-    """
-    a13, b13 = _as_slices(lora_a13), _as_slices(lora_b13)
-    dev = a13[0].device
-    slots, rank, hidden = a13[0].shape[0], a13[0].shape[-2], a13[0].shape[-1]
-    inter = lora_a2.shape[-1]
-    n13 = sum(b.shape[-2] for b in b13)
-    enabled = torch.ones(slots, dtype=torch.int32, device=dev)
-
-    def routing(m: int) -> tuple[torch.Tensor, torch.Tensor]:
-        ids = (torch.arange(m * top_k, device=dev, dtype=torch.int32) % num_experts).view(m, top_k)
-        return ids, torch.arange(m, device=dev, dtype=torch.int32) % slots
-
-    for m, cfg in configs:
-        ids, lora = routing(m)
-        ops = MoELoRAOps(ids, lora, enabled, num_experts, hidden, inter, rank, slots, config=cfg)
-        y13 = torch.zeros(m * top_k, n13, dtype=a13[0].dtype, device=dev)
-        ops.add_w13(y13, torch.zeros(m, hidden, dtype=a13[0].dtype, device=dev), a13, b13)
-        y2 = torch.zeros(m * top_k, hidden, dtype=a13[0].dtype, device=dev)
-        ops.add_w2(y2, torch.zeros(m * top_k, inter, dtype=a13[0].dtype, device=dev), lora_a2,
-                   lora_b2, torch.ones(m, top_k, device=dev))
-    for bm in sorted({int(cfg["block_m"]) for _, cfg in configs if not cfg.get("naive")}):
-        for chunk in ALIGN_CHUNKS:
-            ids, lora = routing(max(1, chunk // top_k))
-            align_moe_lora(ids, lora, enabled, num_experts, bm)

@@ -158,9 +158,9 @@ def tune_m(p: Problem, m: int, gen: torch.Generator) -> tuple[dict, dict]:
         if total < best_total:
             best_total, best_cfg, best_blocks = total, cfg, blocks
     # PDL on the whole layer (align + 4 ops) with the chosen tiles
-    from kernels.triton_moe_lora import _pdl_ok
+    from kernels.triton_moe_lora import pdl_supported
 
-    if _pdl_ok(x):
+    if pdl_supported(x):
         def layer(pdl):
             out = []
             for l in range(n):

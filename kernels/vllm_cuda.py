@@ -50,7 +50,7 @@ def _ours_applies(ctx, x: torch.Tensor, expert_map) -> bool:
 
 def _apply_w13_lora(self, lora_context, *, y, x, topk_ids, topk_weights, expert_map, w1, w2,
                     num_tokens, top_k_num, add_inputs=True):
-    from kernels.triton_moe_lora import MoELoRAOps
+    from kernels.triton_moe_lora_ops import MoELoRAOps
 
     ctx = lora_context
     if not _ours_applies(ctx, x, expert_map):
@@ -83,7 +83,7 @@ _warmed: set[tuple] = set()
 def _warm_up_once(ctx, top_k: int) -> None:
     """First call per layer shape in this process (vLLM's profile run, before graph capture):
     compile every kernel variant the tuned (or default) configs can launch."""
-    from kernels.triton_moe_lora import warm_up
+    from kernels.triton_moe_lora_ops import warm_up
     from kernels.triton_moe_lora_configs import get_layer_config, tuned_layer_configs
 
     a13 = ctx.w13_lora_a_stacked
@@ -106,7 +106,7 @@ def _warm_up_once(ctx, top_k: int) -> None:
 def _apply_w2_lora(self, lora_context, *, y, x, topk_weights, sorted_token_ids_lora,
                    expert_ids_lora, num_tokens_post_padded_lora, token_lora_mapping, num_tokens,
                    w1, w2, top_k_num, add_inputs=True):
-    from kernels.triton_moe_lora import MoELoRAOps
+    from kernels.triton_moe_lora_ops import MoELoRAOps
 
     ops = sorted_token_ids_lora
     if ops is _SKIP:

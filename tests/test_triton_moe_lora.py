@@ -31,7 +31,7 @@ try:
     from kernels.moe_lora_align import align_moe_lora, max_num_blocks
     from kernels.reference import MoELoRAWeights, moe_lora_reference, random_moe_lora_problem
     from kernels.triton_moe_layer import moe_lora_layer
-    from kernels.triton_moe_lora import MoELoRAOps
+    from kernels.triton_moe_lora_ops import MoELoRAOps
     from kernels.triton_moe_lora_configs import OpConfig
 
     DEV = "cuda" if HAS_CUDA else "cpu"
@@ -215,7 +215,7 @@ def test_gpu_model_shapes_bf16(shape, num_tokens):
 @needs_triton
 def test_warm_up_runs_every_config_and_leaves_weights_alone():
     from kernels.moe_lora_align import align_chunk
-    from kernels.triton_moe_lora import warm_up
+    from kernels.triton_moe_lora_ops import warm_up
 
     assert [align_chunk(n) for n in (1, 256, 257, 1024, 1025, 10**6)] == [
         256, 256, 1024, 1024, 4096, 4096]

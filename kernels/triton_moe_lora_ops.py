@@ -1,0 +1,101 @@
+"""The four MoE-LoRA ops of one layer for one batch (``MoELoRAOps``) and the kernel warm-up.
+
+``MoELoRAOps`` sorts the batch's rows once (``kernels.moe_lora_align``), picks the tuned config
+for the device, shape and batch size (``kernels.triton_moe_lora_configs``), and runs the Triton
+shrink/expand pairs of ``kernels.triton_moe_lora`` for gate_up and down on that one layout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from kernels.moe_lora_align import ALIGN_CHUNKS, align_moe_lora
+from kernels.triton_moe_lora import as_slices, moe_lora_expand, moe_lora_shrink, pdl_supported
+from kernels.triton_moe_lora_configs import get_layer_config
+
+
+class MoELoRAOps:
+    """The four ops of one MoE layer for one batch, sharing one block layout.
+
+    ``topk_ids [M, K]``, ``token_lora [>=M]`` (-1: no adapter), ``enabled [L]`` (expert LoRA per
+    slot). The config comes from ``kernels/configs`` for this device and shape (or defaults).
+    """
+
+    def __init__(
+        self,
+        topk_ids: torch.Tensor,
+        token_lora: torch.Tensor,
+        enabled: torch.Tensor,
+        num_experts: int,
+        hidden: int,
+        intermediate: int,
+        rank: int,
+        num_slots: int,
+        config: dict | None = None,
+        use_pdl: bool | None = None,
+    ) -> None:
+        m, k = topk_ids.shape
+        self.cfg = config or get_layer_config(
+            m, hidden=hidden, intermediate=intermediate, num_experts=num_experts, top_k=k,
+            rank=rank, num_slots=num_slots, device=topk_ids.device,
+        )
+        self.use_pdl = (pdl_supported(topk_ids) and bool(self.cfg.get("pdl", False))
+                        if use_pdl is None else use_pdl)
+        self.blocks = align_moe_lora(topk_ids, token_lora, enabled, num_experts,
+                                     int(self.cfg["block_m"]), naive=bool(self.cfg.get("naive")))
+
+    def add_w13(self, y13: torch.Tensor, x: torch.Tensor, a13, b13,
+                scaling: torch.Tensor | None = None, add_inputs: bool = True) -> None:
+        """gate_up: ``y13 [M*K, 2I] (+)= scale * (x A13^T) B13^T`` for rows with expert LoRA."""
+        part = moe_lora_shrink(x, a13, self.blocks, self.blocks.top_k, self.cfg["shrink13"],
+                               use_pdl=self.use_pdl)
+        moe_lora_expand(y13, part, b13, self.blocks, self.cfg["expand13"], scaling=scaling,
+                        add_inputs=add_inputs, use_pdl=self.use_pdl)
+
+    def add_w2(self, y2: torch.Tensor, h: torch.Tensor, a2, b2, topk_weights: torch.Tensor | None,
+               scaling: torch.Tensor | None = None, add_inputs: bool = True) -> None:
+        """down: ``y2 [M*K, H] (+)= scale * w * (h A2^T) B2^T`` with ``h [M*K, I]``."""
+        part = moe_lora_shrink(h, a2, self.blocks, 1, self.cfg["shrink2"], use_pdl=self.use_pdl)
+        moe_lora_expand(y2, part, b2, self.blocks, self.cfg["expand2"], scaling=scaling,
+                        topk_weights=topk_weights, add_inputs=add_inputs, use_pdl=self.use_pdl)
+
+
+def warm_up(
+    lora_a13: torch.Tensor | Sequence[torch.Tensor],
+    lora_b13: torch.Tensor | Sequence[torch.Tensor],
+    lora_a2: torch.Tensor,
+    lora_b2: torch.Tensor,
+    num_experts: int,
+    top_k: int,
+    configs: Sequence[tuple[int, dict]],
+) -> None:
+    """Compiles every kernel variant that the layer configs ``[(M, config)]`` can launch, so no
+    batch size compiles during serving. Runs each config once at its M on zero inputs (outputs
+    go to scratch buffers; the weights are only read), plus the align program at each of its
+    row-chunk sizes. Call outside CUDA-graph capture.
+    """
+    a13, b13 = as_slices(lora_a13), as_slices(lora_b13)
+    dev = a13[0].device
+    slots, rank, hidden = a13[0].shape[0], a13[0].shape[-2], a13[0].shape[-1]
+    inter = lora_a2.shape[-1]
+    n13 = sum(b.shape[-2] for b in b13)
+    enabled = torch.ones(slots, dtype=torch.int32, device=dev)
+
+    def routing(m: int) -> tuple[torch.Tensor, torch.Tensor]:
+        ids = (torch.arange(m * top_k, device=dev, dtype=torch.int32) % num_experts).view(m, top_k)
+        return ids, torch.arange(m, device=dev, dtype=torch.int32) % slots
+
+    for m, cfg in configs:
+        ids, lora = routing(m)
+        ops = MoELoRAOps(ids, lora, enabled, num_experts, hidden, inter, rank, slots, config=cfg)
+        y13 = torch.zeros(m * top_k, n13, dtype=a13[0].dtype, device=dev)
+        ops.add_w13(y13, torch.zeros(m, hidden, dtype=a13[0].dtype, device=dev), a13, b13)
+        y2 = torch.zeros(m * top_k, hidden, dtype=a13[0].dtype, device=dev)
+        ops.add_w2(y2, torch.zeros(m * top_k, inter, dtype=a13[0].dtype, device=dev), lora_a2,
+                   lora_b2, torch.ones(m, top_k, device=dev))
+    for bm in sorted({int(cfg["block_m"]) for _, cfg in configs if not cfg.get("naive")}):
+        for chunk in ALIGN_CHUNKS:
+            ids, lora = routing(max(1, chunk // top_k))
+            align_moe_lora(ids, lora, enabled, num_experts, bm)
