@@ -41,6 +41,17 @@ def _raise_priority() -> None:
         pass
 
 
+def _first_chunk_after(response: httpx.Response, t0: float) -> float:
+    """Seconds from ``t0`` to the first SSE data chunk; drains the rest of the stream."""
+    first = None
+    for line in response.iter_lines():
+        if first is None and line.startswith("data: {"):
+            first = time.perf_counter() - t0
+    if first is None:
+        raise RuntimeError("stream ended without a data chunk")
+    return first
+
+
 def measure(base_url: str, headers: dict, model: str, n: int) -> dict[str, list[float]]:
     ttft, full = [], []
     with httpx.Client(base_url=base_url, headers=headers, timeout=120) as c:
@@ -51,12 +62,7 @@ def measure(base_url: str, headers: dict, model: str, n: int) -> dict[str, list[
             t0 = time.perf_counter()
             with c.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
                 r.raise_for_status()
-                for line in r.iter_lines():
-                    if line.startswith("data: {"):
-                        ttft.append(time.perf_counter() - t0)
-                        break
-                for _ in r.iter_lines():
-                    pass
+                ttft.append(_first_chunk_after(r, t0))
             t0 = time.perf_counter()
             c.post("/v1/completions", json={**body, "max_tokens": 1}).raise_for_status()
             full.append(time.perf_counter() - t0)
@@ -90,12 +96,7 @@ def measure_rotation(base_url: str, headers: dict, adapter_ids: list[str], round
                 with c.stream("POST", "/v1/completions",
                               json={"model": model, "prompt": PROMPT, "max_tokens": 4, "temperature": 0, "stream": True}) as r:
                     r.raise_for_status()
-                    for line in r.iter_lines():
-                        if line.startswith("data: {"):
-                            ttft.append(time.perf_counter() - t0)
-                            break
-                    for _ in r.iter_lines():
-                        pass
+                    ttft.append(_first_chunk_after(r, t0))
     return {"ttft": ttft, "one_token": []}
 
 
