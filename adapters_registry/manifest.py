@@ -28,6 +28,10 @@ class ManifestFile(BaseModel):
     name: str = Field(description="File name inside the version folder.")
     sha256: str = Field(description="Hex sha256 of the file's bytes.")
     size: int = Field(ge=0, description="Size in bytes.")
+    part_bytes: int | None = Field(None, ge=1, description="Size of the hashed parts (None: no part hashes).")
+    part_sha256: list[str] = Field(
+        default_factory=list, description="Hex sha256 of each part_bytes slice, in order (parallel verification)."
+    )
 
 
 class BaseModelRef(BaseModel):

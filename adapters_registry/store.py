@@ -14,13 +14,10 @@ never mistakes new bytes for an old version it still holds. All methods are sync
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import queue
 import shutil
 import tempfile
-import threading
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import BinaryIO
@@ -29,20 +26,10 @@ from .errors import AdapterConflict, AdapterInvalid, AdapterNotFound
 from .manifest import MANIFEST_NAME, AdapterManifest, BaseModelInfo, ManifestFile
 from .normalise import TargetLayout, prepare_files
 from .validation import ValidationLimits, check_id, inspect_adapter
+from .verify import CHUNK, PART_BYTES, copy_verified, hash_file, sha256_file  # noqa: F401 (re-exported)
 
 TOMBSTONE_NAME = "tombstone.json"
-CHUNK = 8 * 2**20
 PUBLISH_ATTEMPTS = 8
-
-
-def sha256_file(path: Path) -> tuple[str, int]:
-    h = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            h.update(chunk)
-            size += len(chunk)
-    return h.hexdigest(), size
 
 
 def corrupt_error(manifest: AdapterManifest, name: str, why: str) -> AdapterInvalid:
@@ -112,8 +99,9 @@ class AdapterStore(ABC):
             files, layout = prepare_files(Path(src_dir), base, report, Path(work), target_layout, max_lora_rank)
             entries = []
             for name, path in files.items():
-                digest, size = sha256_file(path)
-                entries.append(ManifestFile(name=name, sha256=digest, size=size))
+                digest, size, parts = hash_file(path, PART_BYTES)
+                entries.append(ManifestFile(name=name, sha256=digest, size=size,
+                                            part_bytes=PART_BYTES if parts else None, part_sha256=parts))
             for _ in range(PUBLISH_ATTEMPTS):
                 version = max([0, self._read_tombstone(adapter_id), *self._versions(adapter_id)]) + 1
                 manifest = AdapterManifest(
@@ -177,12 +165,13 @@ class AdapterStore(ABC):
     def download_file(self, manifest: AdapterManifest, name: str, dest: Path) -> None:
         """Copy one file to ``dest`` verifying size and sha256 (:class:`AdapterInvalid` if corrupt).
 
-        Pipelined: this thread reads the source while a helper thread hashes and writes the
-        previous chunks (both release the GIL), so verification overlaps the transfer.
+        Pipelined (:func:`~adapters_registry.verify.copy_verified`): reading, writing and hashing
+        overlap, and large files are verified part by part on several threads.
         """
-        expected = manifest.file(name)
+        f = manifest.file(name)
         with self.open_file(manifest, name) as src:
-            copy_verified(src, dest, expected.size, expected.sha256, lambda why: corrupt_error(manifest, name, why))
+            copy_verified(src, dest, f.size, f.sha256, lambda why: corrupt_error(manifest, name, why),
+                          f.part_bytes, f.part_sha256)
 
     def download(self, manifest: AdapterManifest, dest_dir: str | Path) -> Path:
         """Download and verify every file of ``manifest`` into ``dest_dir`` (created)."""
@@ -195,59 +184,6 @@ class AdapterStore(ABC):
 
     def close(self) -> None:
         """Release clients/connections (no-op by default)."""
-
-
-def copy_verified(src: BinaryIO, dest: Path, size: int, sha256: str, corrupt) -> None:
-    """Stream ``src`` into ``dest`` while verifying it; raise ``corrupt(why)`` when the byte count
-    or the sha256 differs from the expected ones.
-
-    Three threads overlap: this one reads, one hashes, one writes (all three release the GIL in
-    the heavy part), so verification costs little more than the transfer on a multi-core host.
-    """
-    h = hashlib.sha256()
-    failure: list[BaseException] = []
-    to_hash: queue.Queue[bytes | None] = queue.Queue(maxsize=8)
-    to_write: queue.Queue[bytes | None] = queue.Queue(maxsize=8)
-
-    def drain(q: queue.Queue) -> None:
-        while q.get() is not None:
-            pass
-
-    def hasher() -> None:
-        while (chunk := to_hash.get()) is not None:
-            h.update(chunk)
-
-    def writer() -> None:
-        try:
-            with open(dest, "wb") as out:
-                while (chunk := to_write.get()) is not None:
-                    out.write(chunk)
-        except BaseException as e:  # noqa: BLE001 - handed to the reading thread
-            failure.append(e)
-            drain(to_write)
-
-    threads = [threading.Thread(target=f, name=f"loraplex-{f.__name__}", daemon=True) for f in (hasher, writer)]
-    for t in threads:
-        t.start()
-    got = 0
-    try:
-        while not failure and (chunk := src.read(CHUNK)):
-            got += len(chunk)
-            if got > size:
-                raise corrupt(f"larger than the manifest's {size} bytes")
-            to_hash.put(chunk)
-            to_write.put(chunk)
-    finally:
-        to_hash.put(None)
-        to_write.put(None)
-        for t in threads:
-            t.join()
-    if failure:
-        raise failure[0]
-    if got != size:
-        raise corrupt(f"{got} bytes instead of {size}: truncated")
-    if h.hexdigest() != sha256:
-        raise corrupt("sha256 mismatch")
 
 
 def open_store(uri: str, endpoint_url: str | None = None, **s3_options) -> AdapterStore:

@@ -321,8 +321,7 @@ class S3ServerProcess:
         import boto3
 
         if self.kind == "moto":
-            exe = Path(sys.executable).with_name("moto_server")
-            cmd = [str(exe), "-H", "127.0.0.1", "-p", str(self.port)]
+            cmd = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)]
         else:
             script = Path(__file__).resolve().parents[1] / "scripts" / "s3rver.sh"
             assert self.data_dir is not None and self.s3rver_prefix is not None

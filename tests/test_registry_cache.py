@@ -186,3 +186,25 @@ async def test_evict_skips_pinned(store, base, tmp_path):
     await cache.release(m)
     assert await cache.evict(m)
     assert cache_files(cache) == set()
+
+
+@asynctest
+async def test_large_files_are_verified_part_by_part(base, tmp_path, monkeypatch):
+    import adapters_registry.store as store_mod
+
+    monkeypatch.setattr(store_mod, "PART_BYTES", 8 * 1024)
+    store = open_store((tmp_path / "store").as_uri())
+    (m,) = publish_n(store, base, tmp_path, 1, r=16)
+    w = m.file(WEIGHTS_NAME)
+    assert w.part_bytes == 8 * 1024 and len(w.part_sha256) == -(-w.size // w.part_bytes) > 4
+    cache = AdapterCache(tmp_path / "cache", 10**9, backoff_s=0.01)
+    p = await cache.ensure_local(store, m)
+    assert sha256_file(p / WEIGHTS_NAME) == (w.sha256, w.size)
+    f = store.root / m.adapter_id / str(m.version) / WEIGHTS_NAME
+    data = bytearray(f.read_bytes())
+    data[3 * w.part_bytes + 17] ^= 1
+    f.write_bytes(bytes(data))
+    await cache.evict(m)
+    with pytest.raises(AdapterInvalid, match="sha256 mismatch in part 3 of"):
+        await cache.ensure_local(store, m)
+    assert not any(cache.objects.iterdir())
