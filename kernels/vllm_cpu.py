@@ -17,7 +17,8 @@ from kernels.vllm_cpu_oracle import patch_unquantized_oracle
 from kernels.vllm_cpu_punica import patch_cpu_lora_ops
 from kernels.vllm_cpu_version import check_vllm_version
 
-logger = logging.getLogger(__name__)
+# Under vLLM's logger so the messages show in the engine's log.
+logger = logging.getLogger("vllm.loraplex.cpu")
 _installed = False
 
 

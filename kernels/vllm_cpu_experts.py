@@ -25,7 +25,8 @@ import torch
 
 from kernels.cpu_moe_lora import MoELoRASlices, moe_lora_cpu_sliced
 
-logger = logging.getLogger(__name__)
+# Under vLLM's logger so the messages show in the engine's log.
+logger = logging.getLogger("vllm.loraplex.cpu_experts")
 
 _ACTIVATION_NAMES = {"silu": "silu", "swigluoai": "swigluoai"}
 _cache: dict[type, type] = {}
@@ -129,6 +130,9 @@ class CPUExpertLoRAMixin:
             return self._native_apply(output, hidden_states, topk_weights, topk_ids, native_args)
         if expert_map is not None:
             raise ExpertLoRAUnsupportedError("loraplex CPU expert LoRA: expert parallelism")
+        ctx = self._lora_context
+        if ctx.fully_sharded and ctx.tp_size > 1:
+            raise ExpertLoRAUnsupportedError("loraplex CPU expert LoRA: fully_sharded_loras with TP")
         slots, slices = rows
         lora_idx = torch.nonzero(slots >= 0).flatten()
         base_idx = torch.nonzero(slots < 0).flatten()
@@ -179,10 +183,30 @@ def lora_experts_class(native_cls: type) -> type:
     return cls
 
 
+def unsupported_reason(moe_config: Any) -> str | None:
+    """Why expert LoRA cannot run on CPU for this MoE layer configuration, or None."""
+    try:
+        activation_name(moe_config.activation)
+    except ExpertLoRAUnsupportedError as e:
+        return str(e)
+    parallel = moe_config.moe_parallel_config
+    if getattr(parallel, "use_ep", False):
+        return "loraplex CPU expert LoRA does not support expert parallelism"
+    return None
+
+
 def choose_lora_experts_cls(moe_config: Any, selected_cls: type | None) -> type | None:
-    """Oracle hook: substitutes the LoRA-capable subclass for vLLM-CPU's unquantized experts."""
+    """Oracle hook: substitutes the LoRA-capable subclass for vLLM-CPU's unquantized experts.
+
+    Configurations it cannot serve keep the native class, so vLLM refuses expert LoRA at engine
+    start ("does not support LoRA") instead of failing on the first adapter request.
+    """
     from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
 
     if selected_cls is None or not issubclass(selected_cls, CPUUnquantizedExperts):
+        return selected_cls
+    reason = unsupported_reason(moe_config)
+    if reason is not None:
+        logger.warning("%s; keeping %s without expert LoRA", reason, selected_cls.__name__)
         return selected_cls
     return lora_experts_class(selected_cls)

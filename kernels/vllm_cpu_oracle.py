@@ -14,7 +14,8 @@ import functools
 import logging
 from typing import Any, Callable
 
-logger = logging.getLogger(__name__)
+# Under vLLM's logger so the messages show in the engine's log.
+logger = logging.getLogger("vllm.loraplex.oracle")
 
 _ORACLE_MODULE = "vllm.model_executor.layers.fused_moe.oracle.unquantized"
 # Modules that imported the oracle function by name and so hold their own reference.

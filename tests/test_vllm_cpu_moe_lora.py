@@ -75,13 +75,21 @@ def test_oracle_wrapper_selects_lora_capable_cpu_experts():
         return "CPU", CPUUnquantizedExperts
 
     oracle = make_cpu_oracle(original, choose_lora_experts_cls)
-    config = SimpleNamespace(is_lora_enabled=True)
+    config = SimpleNamespace(
+        is_lora_enabled=True, activation="silu", moe_parallel_config=SimpleNamespace(use_ep=False)
+    )
     backend, cls = oracle(config)
     assert backend == "CPU" and seen == [False] and config.is_lora_enabled
     assert issubclass(cls, CPUUnquantizedExperts) and cls.supports_lora()
     assert not CPUUnquantizedExperts.supports_lora()
     oracle(SimpleNamespace(is_lora_enabled=False))
     assert seen == [False, False]
+    # A layer the CPU path cannot serve keeps the native class (vLLM then refuses expert LoRA at
+    # engine start instead of failing on the first request).
+    _, cls = oracle(SimpleNamespace(
+        is_lora_enabled=True, activation="gelu", moe_parallel_config=SimpleNamespace(use_ep=False)
+    ))
+    assert cls is CPUUnquantizedExperts
 
 
 def test_cpu_lora_ops_give_rows_without_adapter_no_lora():
@@ -144,7 +152,7 @@ def test_experts_class_applies_vllm_stacked_lora_like_the_reference():
     experts.set_lora_context(SimpleNamespace(
         w13_lora_a_stacked=(lora.w13_a, lora.w13_a), w13_lora_b_stacked=(gate_b * s, up_b * s),
         w2_lora_a_stacked=(lora.w2_a,), w2_lora_b_stacked=(lora.w2_b * s,),
-        adapter_enabled=enabled, max_loras=L, local_token_lora_mapping=None,
+        adapter_enabled=enabled, max_loras=L, local_token_lora_mapping=None, fully_sharded=False, tp_size=1,
         punica_wrapper=SimpleNamespace(token_lora_indices=p["token_lora"].long()),
     ))
     out = torch.empty(T, H)
