@@ -213,7 +213,7 @@ class MotoS3:
     def client(self):
         import boto3
 
-        return boto3.client("s3", endpoint_url=self.endpoint)
+        return boto3.session.Session().client("s3", endpoint_url=self.endpoint)
 
     def make_bucket(self, name: str) -> str:
         self.client().create_bucket(Bucket=name)
@@ -330,7 +330,7 @@ class S3ServerProcess:
         for k, v in self.credentials().items():
             self._saved[k] = os.environ.get(k)
             os.environ[k] = v
-        client = boto3.client("s3", endpoint_url=self.endpoint)
+        client = boto3.session.Session().client("s3", endpoint_url=self.endpoint)
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -363,7 +363,7 @@ class S3ServerProcess:
     def client(self):
         import boto3
 
-        return boto3.client("s3", endpoint_url=self.endpoint)
+        return boto3.session.Session().client("s3", endpoint_url=self.endpoint)
 
     def make_bucket(self, name: str) -> str:
         self.client().create_bucket(Bucket=name)

@@ -13,7 +13,7 @@ from adapters_registry.errors import AdapterNotFound, StoreUnavailable
 from adapters_registry.manifest import WEIGHTS_NAME, BaseModelInfo
 from adapters_registry.slots import AdapterSlots
 from adapters_registry.store import open_store, sha256_file
-from adapters_registry.testing import S3ServerProcess, asynctest, install_s3rver, synthetic_adapter, tiny_assets
+from adapters_registry.testing import S3ServerProcess, asynctest, install_s3rver, tiny_assets
 
 from test_registry_slots import RecordingEngine  # noqa: E402
 
