@@ -22,9 +22,10 @@ from typing import Any, AsyncIterator, Callable, Protocol
 
 from . import metrics
 from .cache import AdapterCache
-from .errors import AdapterConflict, AdapterLoadFailed, RegistryError, SlotsExhausted
-from .manifest import AdapterManifest
+from .errors import AdapterConflict, AdapterInvalid, AdapterLoadFailed, RegistryError, SlotsExhausted
+from .manifest import AdapterManifest, BaseModelInfo
 from .store import AdapterStore
+from .validation import inspect_adapter
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +89,8 @@ class AdapterSlots:
         *,
         request_factory: RequestFactory = vllm_lora_request,
         acquire_timeout_s: float = 30.0,
+        base: BaseModelInfo | None = None,
+        max_lora_rank: int | None = None,
     ) -> None:
         if capacity < 1:
             raise ValueError("capacity must be >= 1")
@@ -98,6 +101,8 @@ class AdapterSlots:
         self._table: OrderedDict[str, Slot] = OrderedDict()
         self._next_int_id = 1
         self.acquire_timeout_s = acquire_timeout_s
+        self.base = base
+        self.max_lora_rank = max_lora_rank
         self._freed = asyncio.Event()
         self.stats = {"hits": 0, "misses": 0, "evictions": 0, "failures": 0}
 
@@ -209,6 +214,12 @@ class AdapterSlots:
             if victim is not None:
                 await self._unregister(victim)
             path = await self.cache.ensure_local(store, slot.manifest, pin=True)
+            if self.base is not None or self.max_lora_rank is not None:
+                try:
+                    await asyncio.to_thread(self._check_before_load, slot.manifest, path)
+                except BaseException:
+                    self.cache.unpin(slot.manifest)
+                    raise
             try:
                 request = self.request_factory(slot.manifest, slot.lora_int_id, path)
                 ok = await self.engine.add_lora(request)
@@ -220,6 +231,8 @@ class AdapterSlots:
                 self.cache.unpin(slot.manifest)
                 if isinstance(e, RegistryError) or not isinstance(e, Exception):
                     raise
+                if isinstance(e, (ValueError, TypeError)):  # vLLM's way to reject an adapter's content
+                    raise AdapterInvalid(f"the engine refused {name}: {e}") from e
                 raise AdapterLoadFailed(f"the engine failed to register {name}: {type(e).__name__}: {e}") from e
             slot.request, slot.path = request, path
             metrics.LOAD_SECONDS.labels("engine").observe(time.perf_counter() - t0)
@@ -231,6 +244,20 @@ class AdapterSlots:
             self.stats["failures"] += 1
             metrics.FAILURES.labels("engine", type(e).__name__).inc()
             raise
+
+    def _check_before_load(self, manifest: AdapterManifest, path: Path) -> None:
+        """Validation again, against this engine: base architecture, rank limit, tensor names and
+        shapes (headers only; the bytes were sha256-verified against the validated manifest)."""
+        if self.base is not None and manifest.base_model.architecture != self.base.architecture:
+            raise AdapterInvalid(
+                f"{manifest.lora_name} was validated against {manifest.base_model.architecture}; "
+                f"this engine serves {self.base.architecture}"
+            )
+        rank = self.max_lora_rank or 10**9
+        if manifest.rank > rank:
+            raise AdapterInvalid(f"{manifest.lora_name} has rank {manifest.rank}, above this engine's max_lora_rank {rank}")
+        if self.base is not None:
+            inspect_adapter(path, self.base, rank, check_values=False)
 
     async def _unregister(self, slot: Slot) -> None:
         """``remove_lora`` first; only then may the cache delete the folder."""

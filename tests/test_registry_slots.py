@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from adapters_registry.cache import AdapterCache
-from adapters_registry.errors import AdapterConflict, AdapterLoadFailed, CacheFull, SlotsExhausted
+from adapters_registry.errors import AdapterConflict, AdapterInvalid, AdapterLoadFailed, CacheFull, SlotsExhausted
 from adapters_registry.manifest import MANIFEST_NAME, WEIGHTS_NAME, AdapterManifest, BaseModelInfo
 from adapters_registry.slots import AdapterSlots
 from adapters_registry.store import open_store
@@ -28,6 +28,7 @@ class RecordingEngine:
         self.registered: dict[int, tuple[str, str]] = {}  # lora_int_id -> (lora_name, path)
         self.calls: list[tuple] = []
         self.refuse = refuse or set()
+        self.decline: set[str] = set()
 
     async def add_lora(self, req) -> bool:
         await asyncio.sleep(random.random() * 0.005)
@@ -37,6 +38,8 @@ class RecordingEngine:
         self.calls.append(("add", req.lora_name, req.lora_int_id))
         if req.lora_name in self.refuse:
             raise ValueError("engine says no")
+        if req.lora_name in self.decline:
+            return False
         self.registered[req.lora_int_id] = (req.lora_name, req.lora_path)
         return True
 
@@ -158,10 +161,16 @@ async def test_engine_refusal_leaves_no_row_and_no_pin(store, base, tmp_path):
     (m,) = publish_n(store, base, tmp_path, 1)
     engine, cache, slots = make(tmp_path, 2)
     engine.refuse.add("ad0@v1")
-    with pytest.raises(AdapterLoadFailed, match="engine says no"):
+    with pytest.raises(AdapterInvalid, match="the engine refused ad0@v1: engine says no"):
         async with slots.use(store, m):
             pass
     assert slots.snapshot() == [] and cache.snapshot()[0]["pins"] == 0
+    engine.refuse.clear()
+    engine.decline.add("ad0@v1")
+    with pytest.raises(AdapterLoadFailed, match="refused to register") as ei:
+        async with slots.use(store, m):
+            pass
+    assert ei.value.http_status == 503 and slots.snapshot() == [] and cache.snapshot()[0]["pins"] == 0
 
 
 @asynctest
@@ -243,3 +252,22 @@ async def test_metrics_per_tier(store, base, tmp_path):
     assert val("loraplex_adapter_evictions_total", tier="engine") - before["engine_evict"] == 1
     assert val("loraplex_adapter_load_seconds_count", tier="disk") - before["disk_loads"] == 2
     assert val("loraplex_adapter_cache_bytes") == cache.used_bytes > 0
+
+
+@asynctest
+async def test_validated_again_before_load_against_this_engine(store, base, tmp_path):
+    (m,) = publish_n(store, base, tmp_path, 1)  # rank 4, published with max_lora_rank 64
+    engine = RecordingEngine(2)
+    strict = AdapterSlots(engine, AdapterCache(tmp_path / "c1", 10**9), 2, base=base, max_lora_rank=2)
+    with pytest.raises(AdapterInvalid, match="above this engine's max_lora_rank 2") as ei:
+        async with strict.use(store, m):
+            pass
+    assert ei.value.http_status == 422 and engine.calls == [] and strict.snapshot() == []
+    other = base.model_copy(update={"architecture": "OtherForCausalLM"})
+    wrong_base = AdapterSlots(engine, AdapterCache(tmp_path / "c2", 10**9), 2, base=other, max_lora_rank=64)
+    with pytest.raises(AdapterInvalid, match="this engine serves OtherForCausalLM"):
+        async with wrong_base.use(store, m):
+            pass
+    ok = AdapterSlots(engine, AdapterCache(tmp_path / "c3", 10**9), 2, base=base, max_lora_rank=64)
+    async with ok.use(store, m) as req:
+        assert req.lora_name == "ad0@v1"
