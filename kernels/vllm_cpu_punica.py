@@ -4,7 +4,8 @@
 each token's weights with ``stacked[token_lora_indices]``. A token without an adapter has index
 ``-1``, and Python indexing turns that into the *last* slot: in a batch that mixes requests with
 and without adapters, the adapter-less requests silently get the adapter held in slot
-``max_loras - 1`` (when one is loaded there). The Triton ops on GPU skip ``-1``; these do not.
+``max_loras - 1`` (when one is loaded there). The Triton ops on GPU skip ``-1``; these do not
+(reported upstream as vllm-project/vllm pull request 48421, open at the time of writing).
 
 The patch wraps the three ``bgmv_*`` ops (the ``sgmv_*`` ones call them) so that rows with index
 ``-1`` contribute nothing: their inputs are zeroed and their index clamped to a valid slot.
