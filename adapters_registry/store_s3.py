@@ -213,15 +213,20 @@ class S3AdapterStore(AdapterStore):
 
     def download_file(self, manifest: AdapterManifest, name: str, dest: Path) -> None:
         """One streamed GET (``concurrency == 1``, the default: fastest on loopback servers) or
-        parallel ranged GETs (``concurrency > 1``: for stores that cap per-connection throughput),
-        hashed in order as they arrive; verified either way."""
+        parallel ranged GETs (``concurrency > 1``: for stores that cap per-connection throughput).
+        Ranged: with part hashes in the manifest each range is one part, verified and written by
+        the thread that fetched it; without, ranges are hashed in order as they arrive."""
         expected = manifest.file(name)
         if self.concurrency <= 1 or expected.size <= self.part_bytes:
             return super().download_file(manifest, name, dest)
         key = self._key(manifest.adapter_id, manifest.version, name)
         what = f"{manifest.lora_name}/{name}"
-        ranges = [(o, min(o + self.part_bytes, expected.size)) for o in range(0, expected.size, self.part_bytes)]
-        h = hashlib.sha256()
+        parts = expected.part_sha256 if expected.part_bytes else []
+        step = expected.part_bytes if parts else self.part_bytes
+        assert step
+        ranges = [(o, min(o + step, expected.size)) for o in range(0, expected.size, step)]
+        if parts and len(parts) != len(ranges):
+            raise corrupt_error(manifest, name, "manifest part hashes do not cover the file")
         with self._errors(what):
             first = self.client.get_object(Bucket=self.bucket, Key=key, Range=f"bytes=0-{ranges[0][1] - 1}")
             total = int(str(first.get("ContentRange", "")).rpartition("/")[2] or -1)
@@ -229,31 +234,38 @@ class S3AdapterStore(AdapterStore):
                 raise corrupt_error(manifest, name, f"{total} bytes in the store instead of {expected.size}")
             etag = first["ETag"]
             data0 = first["Body"].read()
-
-        def fetch(lo: int, hi: int) -> bytes:
-            with self._errors(what):
-                r = self.client.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={lo}-{hi - 1}", IfMatch=etag)
-                return r["Body"].read()
-
         fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+
+        def handle(i: int, data: bytes | None = None) -> bytes | None:
+            lo, hi = ranges[i]
+            if data is None:
+                with self._errors(what):
+                    r = self.client.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={lo}-{hi - 1}", IfMatch=etag)
+                    data = r["Body"].read()
+            if len(data) != hi - lo:
+                raise corrupt_error(manifest, name, f"range {lo}-{hi} returned {len(data)} bytes: truncated")
+            if parts and hashlib.sha256(data).hexdigest() != parts[i]:
+                raise corrupt_error(manifest, name, f"sha256 mismatch in part {i} of {len(parts)}")
+            os.pwrite(fd, data, lo)
+            return None if parts else data
+
+        h = hashlib.sha256()
         pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="s3-range")
+        pending: list[Future[bytes | None]] = [pool.submit(handle, 0, data0)]
+        del data0
         try:
-            window = 2 * self.concurrency
-            pending: list[Future[bytes]] = []
             nxt = 1
-            for i, (lo, hi) in enumerate(ranges):
-                while nxt < len(ranges) and nxt <= i + window:
-                    pending.append(pool.submit(fetch, *ranges[nxt]))
+            for i in range(len(ranges)):
+                while nxt < len(ranges) and nxt <= i + 2 * self.concurrency:  # bounded memory
+                    pending.append(pool.submit(handle, nxt))
                     nxt += 1
-                data = data0 if i == 0 else pending.pop(0).result()
-                if len(data) != hi - lo:
-                    raise corrupt_error(manifest, name, f"range {lo}-{hi} returned {len(data)} bytes: truncated")
-                h.update(data)
-                os.pwrite(fd, data, lo)
-            if h.hexdigest() != expected.sha256:
+                data = pending.pop(0).result()
+                if not parts:
+                    h.update(data)  # type: ignore[arg-type]
+            if not parts and h.hexdigest() != expected.sha256:
                 raise corrupt_error(manifest, name, "sha256 mismatch")
         finally:
-            for f in pending if "pending" in locals() else []:
+            for f in pending:
                 f.cancel()
             pool.shutdown(wait=True, cancel_futures=True)
             os.close(fd)

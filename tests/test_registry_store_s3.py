@@ -200,3 +200,25 @@ def _closed_port() -> int:
     from adapters_registry.testing import free_port
 
     return free_port()
+
+
+@pytest.mark.parametrize("concurrency", [1, 4])
+@asynctest
+async def test_part_hashes_verified_streamed_and_ranged(concurrency, s3, bucket, base, tmp_path, monkeypatch):
+    import adapters_registry.store as store_mod
+
+    monkeypatch.setattr(store_mod, "PART_BYTES", 16 * 1024)
+    store = s3_store(s3, bucket, part_bytes=16 * 1024, concurrency=concurrency)
+    m = store.publish(synthetic_adapter(tmp_path / "src", base, r=16, experts="3d"), "parts", "acme", base)
+    w = m.file(WEIGHTS_NAME)
+    assert w.part_bytes == 16 * 1024 and len(w.part_sha256) > 8
+    p = await AdapterCache(tmp_path / "ok", 10**9).ensure_local(store, m)
+    assert sha256_file(p / WEIGHTS_NAME) == (w.sha256, w.size)
+    key = "adapters/parts/1/adapter_model.safetensors"
+    data = bytearray(s3.client().get_object(Bucket=bucket, Key=key)["Body"].read())
+    data[5 * w.part_bytes + 3] ^= 0x01
+    s3.client().put_object(Bucket=bucket, Key=key, Body=bytes(data))
+    cache = AdapterCache(tmp_path / "bad", 10**9, attempts=1)
+    with pytest.raises(AdapterInvalid, match="sha256 mismatch in part 5 of"):
+        await cache.ensure_local(store, m)
+    assert cache_files(cache) == set()
