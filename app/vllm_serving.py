@@ -24,6 +24,13 @@ from app.config import EngineConfig
 
 logger = logging.getLogger(__name__)
 SUPPORTED_VLLM = ("0.24.", "0.32.")
+NON_EXPERT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def _is_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
 
 
 def check_vllm_version() -> str:
@@ -70,6 +77,10 @@ def engine_kwargs(cfg: EngineConfig) -> dict[str, Any]:
         kw["max_num_batched_tokens"] = cfg.max_num_batched_tokens
     if cfg.lora_target_modules is not None:
         kw["lora_target_modules"] = cfg.lora_target_modules
+    elif not cfg.moe_lora_plugin and _is_cpu():
+        # vLLM-CPU has no expert LoRA of its own: without loraplex's path, experts are no target
+        # (adapters carrying expert LoRA are refused by the engine deployment instead).
+        kw["lora_target_modules"] = list(NON_EXPERT_LORA_TARGETS)
     kw.update(cfg.extra_engine_args)
     return kw
 
@@ -105,7 +116,10 @@ async def start_engine(cfg: EngineConfig) -> OpenAIServing:
     from vllm.usage.usage_lib import UsageContext
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    from vllm.entrypoints.openai.api_server import init_app_state  # 0.24 and 0.32
+    try:  # 0.32
+        from vllm.entrypoints.launchers.api_server.app_state import init_app_state
+    except ImportError:  # 0.24
+        from vllm.entrypoints.openai.api_server import init_app_state
 
     args = build_args(cfg)
     engine_args = AsyncEngineArgs.from_cli_args(args)

@@ -3,10 +3,14 @@
 vLLM loads it in every process it starts (engine core, workers). One switch,
 ``LORAPLEX_MOE_LORA`` (``1``/unset: on, ``0``: off), turns loraplex's MoE-LoRA path on:
 
-- CPU platform: ``kernels.vllm_cpu.install()`` keeps vLLM-CPU's native experts when LoRA is
+- CPU platform, on: ``kernels.vllm_cpu.install()`` keeps vLLM-CPU's native experts when LoRA is
   enabled and applies expert LoRA through the PyTorch CPU path (vLLM-CPU has none).
-- CUDA platform: ``kernels.vllm_cuda.install()`` replaces vLLM's ``fused_moe_lora`` with
-  loraplex's Triton kernels.
+- CPU platform, off: ``kernels.vllm_cpu.install_without_expert_lora()`` still applies the fixes
+  without which LoRA on an MoE model cannot run on CPU at all (native experts kept, adapter-less
+  tokens fixed), but no expert LoRA: adapters carrying it are refused by the app
+  (``kernels.capabilities``), and the engine targets non-expert modules only.
+- CUDA platform, on: ``kernels.vllm_cuda.install()`` replaces vLLM's ``fused_moe_lora`` with
+  loraplex's Triton kernels; off: stock vLLM.
 
 Each ``install`` checks the installed vLLM version and refuses (raises) on one it was not written
 for, so a mismatch fails loudly at engine start instead of serving wrong outputs.
@@ -28,17 +32,19 @@ def enabled() -> bool:
 
 
 def register() -> None:
-    """vLLM plugin hook: idempotent; installs the path for the current platform when enabled."""
+    """vLLM plugin hook: idempotent; installs the path for the current platform and switch."""
     global _installed
-    if _installed or not enabled():
+    if _installed:
         return
     from vllm.platforms import current_platform
 
     if current_platform.is_cpu():
         from kernels import vllm_cpu
 
-        vllm_cpu.install()
+        vllm_cpu.install() if enabled() else vllm_cpu.install_without_expert_lora()
     elif current_platform.is_cuda():
+        if not enabled():
+            return
         from kernels import vllm_cuda
 
         vllm_cuda.install()
