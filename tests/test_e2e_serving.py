@@ -53,6 +53,23 @@ def test_expert_lora_adapter_matches_peft(serve_stack, embedded_model_dir, demo_
         assert served_chat_ids(serve_stack, "acme", "acme-experts", prompt) == expected
 
 
+def test_per_expert_2d_adapter_pushed_to_s3_matches_merged_model(serve_stack, embedded_model_dir, tmp_path):
+    """PEFT's per-expert (2-D) layout, with independent gate/up A matrices, through the stack."""
+    from adapters_registry.manifest import BaseModelInfo
+    from adapters_registry.store import open_store
+    from tests.expert_lora_helpers import greedy_with, merged_model, write_per_expert_adapter
+
+    src = write_per_expert_adapter(embedded_model_dir, tmp_path / "experts-2d", rank=8, seed=5)
+    store = open_store(serve_stack.store_uri, serve_stack.s3_endpoint)
+    m = store.publish(src, "acme-experts-2d", "acme", BaseModelInfo.from_model_dir(embedded_model_dir))
+    assert m.has_expert_lora and m.layout == "2d"
+    model = merged_model(embedded_model_dir, src)
+    eos = ref.tokenizer(str(embedded_model_dir)).eos_token_id
+    for prompt in PROMPTS:
+        expected = greedy_with(model, ref.chat_prompt_ids(embedded_model_dir, prompt), MAX_TOKENS, eos)
+        assert served_chat_ids(serve_stack, "acme", "acme-experts-2d", prompt) == expected
+
+
 def test_per_adapter_route_streaming_completion(serve_stack, embedded_model_dir, demo_adapter_sources):
     """Streamed token ids equal PEFT's (text may withhold an incomplete trailing UTF-8 sequence)."""
     prompt = "the expert said"
