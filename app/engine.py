@@ -70,9 +70,11 @@ class EngineServer:
         self.chat_request_cls, self.completion_request_cls, self.error_cls = vllm_serving.request_types()
         self._error_from_exception = vllm_serving.error_from_exception
         self.store = open_store(self.cfg.resolved_store_uri(), self.cfg.s3_endpoint_url)
-        cache_root = self.cfg.resolved_cache_dir() / _replica_name()  # one cache per replica
-        self.cache = AdapterCache(cache_root, self.cfg.cache_max_bytes)
-        self.slots = AdapterSlots(vllm_serving.ServingLoraOps(self.serving), self.cache, ecfg.max_cpu_loras)
+        self.cache = AdapterCache(self.cfg.resolved_cache_dir() / _cache_name(), self.cfg.cache_max_bytes)
+        self.slots = AdapterSlots(
+            vllm_serving.ServingLoraOps(self.serving), self.cache, ecfg.max_cpu_loras,
+            base=_base_model_info(ecfg.resolved_model()), max_lora_rank=ecfg.max_lora_rank,
+        )
         self.expert_lora_refusal = expert_lora_refusal()
         self.replica = _replica_name()
         self._newest_version: dict[str, int] = {}  # per adapter id: newest version requested here
@@ -199,6 +201,28 @@ def _manifest(dump: dict | None) -> AdapterManifest | None:
 def _validation_body(exc) -> dict[str, Any]:
     parts = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()[:5]]
     return error_body(400, "invalid request body: " + "; ".join(parts), "invalid_request_error")
+
+
+def _cache_name() -> str:
+    """This replica's disk-cache folder: stable across restarts (so old entries are reused and
+    pruned) and distinct among the live replicas of a node (one process's eviction must never
+    delete a folder another engine has registered)."""
+    try:
+        ctx = serve.get_replica_context()
+        return f"{ctx.deployment}-{ctx.rank.local_rank}"
+    except Exception:
+        return "local"
+
+
+def _base_model_info(model: str):
+    """What the registry re-validates adapters against at load; None (logged) if unreadable."""
+    from adapters_registry.manifest import BaseModelInfo
+
+    try:
+        return BaseModelInfo.from_model(model)
+    except Exception as exc:
+        logger.warning("adapters will not be re-validated at load: base model config unreadable: %s", exc)
+        return None
 
 
 def _replica_name() -> str:

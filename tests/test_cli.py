@@ -50,3 +50,30 @@ def test_tenants_add_prints_the_key_alone_on_its_last_line(tmp_path):
 def test_bench_lists_available_benchmarks(tmp_path):
     r = subprocess.run([sys.executable, "-m", "app.cli.main", "bench", "no-such-bench"], capture_output=True, text=True)
     assert r.returncode == 2 and "serving" in r.stderr
+
+
+def test_serve_cleanup_removes_only_orphaned_new_shm_segments():
+    import uuid
+    from pathlib import Path
+
+    from app.cli import serve_cmd
+
+    shm = Path("/dev/shm")
+    if not shm.is_dir():
+        import pytest
+
+        pytest.skip("no /dev/shm")
+    tag = uuid.uuid4().hex
+    old = shm / f"lpx-test-old-{tag}"
+    old.write_bytes(b"x")
+    before = set(shm.iterdir())
+    orphan, held = shm / f"lpx-test-orphan-{tag}", shm / f"lpx-test-held-{tag}"
+    orphan.write_bytes(b"x")
+    held.write_bytes(b"x")
+    try:
+        with open(held, "rb"):  # another user of the segment: it must survive
+            serve_cmd._remove_new_shm(before)
+        assert not orphan.exists() and held.exists() and old.exists()
+    finally:
+        for p in (old, orphan, held):
+            p.unlink(missing_ok=True)

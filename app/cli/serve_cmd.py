@@ -2,7 +2,8 @@
 
 ``serve run`` aborts on SIGTERM, so SIGTERM (and SIGINT) are forwarded to it as SIGINT, which
 stops Serve and the local Ray cluster it started; after a grace period the whole process group is
-killed. Shared-memory segments the run left in ``/dev/shm`` are removed afterwards. Once the app
+killed. Shared-memory segments the run left orphaned in ``/dev/shm`` (new since the start, and
+held by no process) are removed afterwards. Once the app
 answers ``/readyz``, the demo keys and how to call the API are printed.
 """
 
@@ -121,15 +122,36 @@ def _stop_group(proc: subprocess.Popen) -> None:
 
 
 def _remove_new_shm(before: set[Path]) -> None:
+    """Removes shared-memory segments that appeared during the run and that no process still
+    holds open or mapped (orphans of the stopped vLLM/Ray processes); others' are left alone."""
     if not SHM.is_dir():
         return
-    uid = os.getuid()
-    for path in set(SHM.iterdir()) - before:
+    candidates = {p for p in set(SHM.iterdir()) - before if p.is_file()}
+    for path in candidates - _shm_in_use():
         try:
-            if path.stat().st_uid == uid and path.is_file():
+            if path.stat().st_uid == os.getuid():
                 path.unlink()
         except OSError:
             pass
+
+
+def _shm_in_use() -> set[Path]:
+    """``/dev/shm`` files that some process has open (fd) or mapped."""
+    used: set[Path] = set()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            for fd in (proc / "fd").iterdir():
+                target = os.readlink(fd)
+                if target.startswith("/dev/shm/"):
+                    used.add(Path(target))
+            for line in (proc / "maps").read_text().splitlines():
+                if "/dev/shm/" in line:
+                    used.add(Path(line[line.index("/dev/shm/"):].split(" (deleted)")[0]))
+        except OSError:
+            continue
+    return used
 
 
 def add_subparser(sub) -> None:
