@@ -1,6 +1,6 @@
 """Builders of tiny base models and adapters for tests and benchmarks (no downloads).
 
-``tiny_base_dir`` writes the tiny Qwen3-MoE config the CPU stack uses; ``peft_adapter`` trains
+``tiny_base_dir`` writes the embedded tiny Qwen3-MoE's config; ``peft_adapter`` trains
 nothing but saves a real PEFT adapter with random (non-zero) LoRA weights on that model;
 ``synthetic_adapter`` writes PEFT-named tensors straight from shapes, for any base (used for
 the GPT-OSS-20B-sized benchmark adapter and for hostile variants).
@@ -14,12 +14,6 @@ from typing import Literal
 
 from .manifest import CONFIG_NAME, WEIGHTS_NAME, BaseModelInfo
 
-TINY_QWEN3_MOE = dict(
-    vocab_size=512, hidden_size=128, intermediate_size=256, moe_intermediate_size=64, num_hidden_layers=2,
-    num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_experts=8, num_experts_per_tok=2,
-    norm_topk_prob=True,
-)
-
 # GPT-OSS-20B's config.json fields that decide LoRA shapes.
 GPT_OSS_20B = dict(
     architectures=["GptOssForCausalLM"], model_type="gpt_oss", hidden_size=2880, intermediate_size=2880,
@@ -31,12 +25,14 @@ ATTN = ["q_proj", "k_proj", "v_proj", "o_proj"]
 
 
 def tiny_base_dir(path: str | Path, with_weights: bool = False, seed: int = 0) -> Path:
-    """A HF folder of the tiny Qwen3-MoE (config only unless ``with_weights``)."""
-    from transformers import Qwen3MoeConfig
+    """A HF folder of the embedded tiny Qwen3-MoE (``app.embedded.model``'s config; config only
+    unless ``with_weights``, then random weights of ``seed``)."""
+    from app.embedded.model import tiny_qwen3_moe_config
 
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
-    cfg = Qwen3MoeConfig(**TINY_QWEN3_MOE, architectures=["Qwen3MoeForCausalLM"])
+    cfg = tiny_qwen3_moe_config()
+    cfg.architectures = ["Qwen3MoeForCausalLM"]
     if with_weights:
         import torch
         from transformers import Qwen3MoeForCausalLM
