@@ -173,33 +173,25 @@ S3_TEST_ENV = {
 }
 
 
-class MotoS3:
-    """moto's S3 server on 127.0.0.1 (in-process thread), with test credentials in the environment."""
+class _LocalS3:
+    """What both local S3 servers share: an endpoint on 127.0.0.1, credentials in the environment
+    while running (restored after), a boto3 client, bucket creation."""
 
     def __init__(self) -> None:
         self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self._saved: dict[str, str | None] = {}
 
-    def __enter__(self) -> "MotoS3":
+    def _set_env(self, env: dict[str, str]) -> None:
         import os
 
-        import logging
-
-        from moto.server import ThreadedMotoServer
-
-        logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
-        for k, v in S3_TEST_ENV.items():
+        for k, v in env.items():
             self._saved[k] = os.environ.get(k)
             os.environ[k] = v
-        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
-        self.server.start()
-        return self
 
-    def __exit__(self, *exc) -> None:
+    def _restore_env(self) -> None:
         import os
 
-        self.server.stop()
         for k, v in self._saved.items():
             if v is None:
                 os.environ.pop(k, None)
@@ -214,6 +206,25 @@ class MotoS3:
     def make_bucket(self, name: str) -> str:
         self.client().create_bucket(Bucket=name)
         return name
+
+
+class MotoS3(_LocalS3):
+    """moto's S3 server on 127.0.0.1 (in-process thread), with test credentials in the environment."""
+
+    def __enter__(self) -> "MotoS3":
+        import logging
+
+        from moto.server import ThreadedMotoServer
+
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
+        self._set_env(S3_TEST_ENV)
+        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
+        self.server.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.stop()
+        self._restore_env()
 
 
 class StallingProxy:
@@ -290,18 +301,16 @@ class StallingProxy:
         pump(conn, up)
 
 
-class S3ServerProcess:
+class S3ServerProcess(_LocalS3):
     """A local S3 server in a child process on 127.0.0.1: ``moto`` (``moto_server``, in memory,
     any key) or ``s3rver`` (npm, on disk under ``data_dir``, checks keys: S3RVER/S3RVER).
     Sets the matching credentials in the environment while running."""
 
     def __init__(self, kind: Literal["moto", "s3rver"], data_dir: str | Path | None = None, s3rver_prefix: str | Path | None = None):
+        super().__init__()
         self.kind = kind
-        self.port = free_port()
-        self.endpoint = f"http://127.0.0.1:{self.port}"
         self.data_dir = Path(data_dir) if data_dir else None
         self.s3rver_prefix = Path(s3rver_prefix) if s3rver_prefix else None
-        self._saved: dict[str, str | None] = {}
 
     def credentials(self) -> dict[str, str]:
         if self.kind == "s3rver":
@@ -309,12 +318,9 @@ class S3ServerProcess:
         return dict(S3_TEST_ENV)
 
     def __enter__(self) -> "S3ServerProcess":
-        import os
         import subprocess
         import sys
         import time
-
-        import boto3
 
         if self.kind == "moto":
             cmd = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)]
@@ -323,10 +329,8 @@ class S3ServerProcess:
             assert self.data_dir is not None and self.s3rver_prefix is not None
             cmd = ["bash", str(script), "run", str(self.s3rver_prefix), str(self.data_dir), str(self.port)]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        for k, v in self.credentials().items():
-            self._saved[k] = os.environ.get(k)
-            os.environ[k] = v
-        client = boto3.session.Session().client("s3", endpoint_url=self.endpoint)
+        self._set_env(self.credentials())
+        client = self.client()
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -350,20 +354,7 @@ class S3ServerProcess:
             except Exception:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
-        for k, v in self._saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-    def client(self):
-        import boto3
-
-        return boto3.session.Session().client("s3", endpoint_url=self.endpoint)
-
-    def make_bucket(self, name: str) -> str:
-        self.client().create_bucket(Bucket=name)
-        return name
+        self._restore_env()
 
 
 def install_s3rver(prefix: str | Path) -> Path | None:
