@@ -28,41 +28,13 @@ from types import SimpleNamespace
 
 import torch
 
+from kernels.cuda_timing import graph_us, log
+
 H, I, E, TOPK, NL, R = 2880, 2880, 32, 4, 8, 32
-
-
-def log(*a) -> None:
-    print(*a, flush=True)
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
-
-
-def graph_us(fn, n_layers: int, trials: int = 20) -> float:
-    """Median µs per layer of replaying a CUDA graph of ``fn()`` (which runs n_layers layers)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        keep = fn()
-    for _ in range(3):
-        g.replay()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(trials):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    del keep, g
-    return statistics.median(ts) * 1e3 / n_layers
 
 
 def copy_bandwidth_tbs() -> float:

@@ -14,13 +14,14 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
 
 import torch
 
+from kernels.cuda_timing import graph_us as _graph_us
+from kernels.cuda_timing import log
 from kernels.moe_lora_align import align_moe_lora
 from kernels.triton_moe_lora import moe_lora_expand, moe_lora_shrink
 from kernels.triton_moe_lora_configs import (
@@ -42,31 +43,10 @@ SHRINK_SPACE = dict(block_k=(64, 128, 256), split_k=(1, 2, 4, 8, 16), num_warps=
 EXPAND_SPACE = dict(block_n=(64, 128, 256, 512), num_warps=(4, 8), num_stages=(1,))
 
 
-def log(*a) -> None:
-    print(*a, flush=True)
-
-
 def graph_us(fn, n_layers: int, trials: int = 10) -> float:
-    """Median µs per layer of a CUDA graph of ``fn()`` over n_layers layers."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    g.replay()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(trials):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    return statistics.median(ts) * 1e3 / n_layers
+    """Median µs per layer of a CUDA graph of ``fn()`` over n_layers layers (fewer trials than
+    the benchmark: the tuner times hundreds of variants)."""
+    return _graph_us(fn, n_layers, trials)
 
 
 def space(d: dict) -> list[OpConfig]:
