@@ -102,8 +102,9 @@ class AdapterStore(ABC):
                 digest, size, parts = hash_file(path, PART_BYTES)
                 entries.append(ManifestFile(name=name, sha256=digest, size=size,
                                             part_bytes=PART_BYTES if parts else None, part_sha256=parts))
+            lost = 0  # highest version a concurrent publish claimed first: never retry it
             for _ in range(PUBLISH_ATTEMPTS):
-                version = max([0, self._read_tombstone(adapter_id), *self._versions(adapter_id)]) + 1
+                version = max([lost, self._read_tombstone(adapter_id), *self._versions(adapter_id)]) + 1
                 manifest = AdapterManifest(
                     adapter_id=adapter_id,
                     version=version,
@@ -122,6 +123,7 @@ class AdapterStore(ABC):
                     self._commit_version(adapter_id, version, files, manifest.to_json_bytes())
                     return manifest
                 except AdapterConflict:
+                    lost = version  # its manifest may not be visible yet: try the next number
                     continue
             raise AdapterConflict(f"adapter {adapter_id!r}: {PUBLISH_ATTEMPTS} concurrent publishes won; retry")
 
