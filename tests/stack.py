@@ -92,7 +92,24 @@ def start_stack(home: Path, workdir: Path, args_update: dict | None = None, extr
     raise RuntimeError(f"stack not ready after {READY_TIMEOUT_S}s:\n{stack.log_tail()}")
 
 
+def stack_processes(home: Path) -> list[int]:
+    """Pids of live processes started for the stack of ``home`` (they inherit its LORAPLEX_HOME):
+    loraplex serve, serve run, Ray's GCS/raylet/workers, vLLM engine processes."""
+    marker = f"LORAPLEX_HOME={home}".encode()
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit() and int(proc.name) != os.getpid():
+            try:
+                if marker in (proc / "environ").read_bytes().split(b"\0"):
+                    pids.append(int(proc.name))
+            except OSError:
+                continue
+    return pids
+
+
 def stop_stack(stack: Stack, timeout_s: float = 120) -> None:
+    """SIGTERM to ``loraplex serve``; then every process of the stack must be gone (else killed
+    and reported: a stack that leaves processes behind is a bug)."""
     if stack.proc.poll() is None:
         stack.proc.send_signal(signal.SIGTERM)
         try:
@@ -100,3 +117,13 @@ def stop_stack(stack: Stack, timeout_s: float = 120) -> None:
         except subprocess.TimeoutExpired:
             stack.proc.kill()
             stack.proc.wait()
+    deadline = time.monotonic() + 30
+    while (left := stack_processes(stack.home)) and time.monotonic() < deadline:
+        time.sleep(1)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    if left:
+        raise RuntimeError(f"the stack left {len(left)} processes running after SIGTERM: {left}")
