@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from contextlib import AsyncExitStack
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -143,13 +144,15 @@ class Gateway:
             manifest = None if adapter_id == self.base_name else await self._authorize(tenant, adapter_id)
             adapter_label = adapter_id
             body.pop("model", None)
-            async with self.admission.admit(tenant, _estimate_tokens(body)):
-                engine = self.engine.options(multiplexed_model_id=adapter_id if manifest else "")
-                if body.get("stream"):
-                    response = await self._stream(engine, kind, body, manifest)
-                else:
-                    out = await engine.generate.remote(kind, body, manifest)
-                    response = _engine_response(out)
+            engine = self.engine.options(multiplexed_model_id=adapter_id if manifest else "")
+            if body.get("stream"):
+                # The admission slot is held until the stream ends, not until the response starts.
+                admitted = AsyncExitStack()
+                await admitted.enter_async_context(self.admission.admit(tenant, _estimate_tokens(body)))
+                response = await self._stream(engine, kind, body, manifest, admitted)
+            else:
+                async with self.admission.admit(tenant, _estimate_tokens(body)):
+                    response = _engine_response(await engine.generate.remote(kind, body, manifest))
             status = response.status_code
             return response
         except (LoraplexError, RegistryError) as exc:
@@ -172,19 +175,30 @@ class Gateway:
             raise Forbidden(f"adapter {adapter_id!r} belongs to another tenant")
         return manifest.model_dump(mode="json")
 
-    async def _stream(self, engine: DeploymentHandle, kind: str, body: dict, manifest: dict | None) -> Response:
-        gen = engine.options(stream=True).generate_stream.remote(kind, body, manifest)
-        head = await gen.__anext__()
+    async def _stream(
+        self, engine: DeploymentHandle, kind: str, body: dict, manifest: dict | None, admitted: AsyncExitStack
+    ) -> Response:
+        """Relays the engine's SSE stream; ``admitted`` (the admission slot) closes when it ends."""
+        try:
+            gen = engine.options(stream=True).generate_stream.remote(kind, body, manifest)
+            head = await gen.__anext__()
+        except BaseException:
+            await admitted.aclose()
+            raise
         if head["status"] != 200:
+            await admitted.aclose()
             return _engine_response(head)
         headers = {REPLICA_HEADER: head["replica"]}
 
         async def relay():
-            async for item in gen:
-                if isinstance(item, dict):  # an error after the stream started
-                    yield f"data: {json.dumps(item['body'])}\n\n"
-                    yield "data: [DONE]\n\n"
-                    return
-                yield item
+            try:
+                async for item in gen:
+                    if isinstance(item, dict):  # an error after the stream started
+                        yield f"data: {json.dumps(item['body'])}\n\n"
+                        yield "data: [DONE]\n\n"
+                        return
+                    yield item
+            finally:
+                await admitted.aclose()
 
         return StreamingResponse(relay(), media_type="text/event-stream", headers=headers)

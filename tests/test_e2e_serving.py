@@ -168,3 +168,28 @@ def test_adapter_affinity_keeps_an_adapter_on_the_replica_holding_it(serve_stack
         for _ in range(8)
     ]
     assert len(set(replicas)) == 1, replicas
+
+
+def test_tenant_limits_hold_for_streams_and_new_keys_work_without_restart(serve_stack):
+    """A key added to the tenants file works at once; a stream holds its concurrency slot until it ends."""
+    from app.tenants import TenantsFile
+
+    path = serve_stack.home / "tenants.yaml"
+    doc = TenantsFile.read(path)
+    key = doc.add_key("limited", max_concurrency=1)
+    doc.write(path)
+    headers = {"Authorization": f"Bearer {key}"}
+    long_body = {"model": "loraplex-base", "prompt": "x", "max_tokens": 800, "ignore_eos": True, "stream": True}
+    short_body = {"model": "loraplex-base", "prompt": "x", "max_tokens": 1}
+    url = serve_stack.base_url + "/v1/completions"
+    with httpx.Client(timeout=120) as c:
+        with c.stream("POST", url, headers=headers, json=long_body) as first:
+            assert first.status_code == 200
+            lines = first.iter_lines()
+            assert next(line for line in lines if line.startswith("data: {"))
+            second = c.post(url, headers=headers, json=short_body)
+            assert second.status_code == 429 and second.headers["Retry-After"]
+            assert "in flight" in second.json()["error"]["message"]
+            for _ in lines:
+                pass
+        assert c.post(url, headers=headers, json=short_body).status_code == 200  # slot released
