@@ -10,12 +10,13 @@ python3 -c "import vllm, torch, sys; print('vllm', vllm.__version__, 'torch', to
 for cfg in deploy/h200.yaml deploy/qwen3-30b-a3b.yaml; do
   echo "== parse $cfg"; python3 deploy/check_engine_args.py "$cfg" 2>&1 | tail -3 | tee -a "$OUT/parse.txt"
 done
-python3 - <<'PY'
+OUT="$OUT" python3 - <<'PY'
+import os
 from transformers import GptOssConfig
 c = GptOssConfig(hidden_size=2880, intermediate_size=2880, num_hidden_layers=24, num_attention_heads=64,
                  num_key_value_heads=8, head_dim=64, num_local_experts=32, vocab_size=201088)
 c.architectures = ["GptOssForCausalLM"]
 c.quantization_config = {"quant_method": "mxfp4"}
-c.save_pretrained("/tmp/gptoss-standin")
+c.save_pretrained(os.path.join(os.environ["OUT"], "gptoss-standin"))
 PY
-echo "== full deploy/h200.yaml"; timeout 240 python3 deploy/check_engine_args.py deploy/h200.yaml --model-dir /tmp/gptoss-standin --full 2>&1 | tail -6 | tee "$OUT/full.txt"
+echo "== full deploy/h200.yaml"; timeout 240 python3 deploy/check_engine_args.py deploy/h200.yaml --model-dir "$OUT/gptoss-standin" --full 2>&1 | tail -6 | tee "$OUT/full.txt"
