@@ -20,6 +20,7 @@ pin/unpin/residency, ``engine`` (the engine deployment handle with ``pin_adapter
 from __future__ import annotations
 
 import asyncio
+import functools
 import shutil
 import tempfile
 from pathlib import Path
@@ -53,6 +54,19 @@ def bind_gateway(gateway: Any) -> None:
     so the replica cannot reach the frozen app's ``state`` from its constructor.)
     """
     _bound["gateway"] = gateway
+
+
+def _errors_as_responses(route):
+    """Every admin route answers errors through ``app.errors`` (status, message, Retry-After)."""
+
+    @functools.wraps(route)  # FastAPI reads the wrapped signature for its parameters
+    async def wrapper(*args, **kwargs):
+        try:
+            return await route(*args, **kwargs)
+        except Exception as exc:
+            return error_response(exc)
+
+    return wrapper
 
 
 def _gateway(request: Request):
@@ -90,89 +104,75 @@ async def _save_uploads(files: list[UploadFile], dest: Path, limit: int) -> None
 
 
 @router.post("/adapters")
+@_errors_as_responses
 async def push_adapter(
     request: Request,
     adapter_id: str = Form(..., description="Adapter id (A-Z a-z 0-9 _ . -)."),
     tenant: str = Form(..., description="Owner tenant."),
     files: list[UploadFile] = Form(..., description=f"{CONFIG_NAME} and {WEIGHTS_NAME}."),
 ) -> Response:
+    gw = _gateway(request)
+    limits = ValidationLimits()
+    work = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="loraplex-upload-"))
     try:
-        gw = _gateway(request)
-        limits = ValidationLimits()
-        work = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="loraplex-upload-"))
-        try:
-            await _save_uploads(files, work, limits.max_total_bytes)
-            ecfg = gw.cfg.engine
-            base = await asyncio.to_thread(BaseModelInfo.from_model, ecfg.resolved_model())
-            manifest = await asyncio.to_thread(
-                gw.store.publish, work, adapter_id, tenant, base, ecfg.max_lora_rank, limits
-            )
-        finally:
-            await asyncio.to_thread(shutil.rmtree, work, True)
-        gw.catalog.invalidate(adapter_id)
-        return JSONResponse(manifest.model_dump(mode="json"), status_code=201)
-    except Exception as exc:
-        return error_response(exc)
+        await _save_uploads(files, work, limits.max_total_bytes)
+        ecfg = gw.cfg.engine
+        base = await asyncio.to_thread(BaseModelInfo.from_model, ecfg.resolved_model())
+        manifest = await asyncio.to_thread(
+            gw.store.publish, work, adapter_id, tenant, base, ecfg.max_lora_rank, limits
+        )
+    finally:
+        await asyncio.to_thread(shutil.rmtree, work, True)
+    gw.catalog.invalidate(adapter_id)
+    return JSONResponse(manifest.model_dump(mode="json"), status_code=201)
 
 
 @router.get("/adapters")
+@_errors_as_responses
 async def list_adapters(request: Request) -> Response:
-    try:
-        gw = _gateway(request)
-        manifests = await asyncio.to_thread(gw.store.list)
-        return JSONResponse({"adapters": [m.model_dump(mode="json") for m in manifests]})
-    except Exception as exc:
-        return error_response(exc)
+    gw = _gateway(request)
+    manifests = await asyncio.to_thread(gw.store.list)
+    return JSONResponse({"adapters": [m.model_dump(mode="json") for m in manifests]})
 
 
 @router.get("/adapters/{adapter_id}")
+@_errors_as_responses
 async def get_adapter(adapter_id: str, request: Request) -> Response:
-    try:
-        gw = _gateway(request)
-        manifest = await asyncio.to_thread(gw.store.get, adapter_id)
-        versions = await asyncio.to_thread(gw.store.versions, adapter_id)
-        return JSONResponse({"manifest": manifest.model_dump(mode="json"), "versions": versions})
-    except Exception as exc:
-        return error_response(exc)
+    gw = _gateway(request)
+    manifest = await asyncio.to_thread(gw.store.get, adapter_id)
+    versions = await asyncio.to_thread(gw.store.versions, adapter_id)
+    return JSONResponse({"manifest": manifest.model_dump(mode="json"), "versions": versions})
 
 
 @router.delete("/adapters/{adapter_id}")
+@_errors_as_responses
 async def delete_adapter(adapter_id: str, request: Request) -> Response:
-    try:
-        gw = _gateway(request)
-        versions = await asyncio.to_thread(gw.store.delete, adapter_id)
-        gw.catalog.invalidate(adapter_id)
-        return JSONResponse({"deleted": adapter_id, "versions": versions})
-    except Exception as exc:
-        return error_response(exc)
+    gw = _gateway(request)
+    versions = await asyncio.to_thread(gw.store.delete, adapter_id)
+    gw.catalog.invalidate(adapter_id)
+    return JSONResponse({"deleted": adapter_id, "versions": versions})
 
 
 @router.post("/adapters/{adapter_id}/pin")
+@_errors_as_responses
 async def pin_adapter(adapter_id: str, request: Request) -> Response:
-    try:
-        gw = _gateway(request)
-        manifest = await asyncio.to_thread(gw.store.get, adapter_id)
-        result: Any = await _engine_method(gw, "pin_adapter").remote(manifest.model_dump(mode="json"))
-        return JSONResponse({"pinned": manifest.lora_name, "engine": result})
-    except Exception as exc:
-        return error_response(exc)
+    gw = _gateway(request)
+    manifest = await asyncio.to_thread(gw.store.get, adapter_id)
+    result: Any = await _engine_method(gw, "pin_adapter").remote(manifest.model_dump(mode="json"))
+    return JSONResponse({"pinned": manifest.lora_name, "engine": result})
 
 
 @router.post("/adapters/{adapter_id}/unpin")
+@_errors_as_responses
 async def unpin_adapter(adapter_id: str, request: Request) -> Response:
-    try:
-        gw = _gateway(request)
-        result: Any = await _engine_method(gw, "unpin_adapter").remote(adapter_id)
-        return JSONResponse({"unpinned": adapter_id, "engine": result})
-    except Exception as exc:
-        return error_response(exc)
+    gw = _gateway(request)
+    result: Any = await _engine_method(gw, "unpin_adapter").remote(adapter_id)
+    return JSONResponse({"unpinned": adapter_id, "engine": result})
 
 
 @router.get("/residency")
+@_errors_as_responses
 async def residency(request: Request) -> Response:
-    try:
-        gw = _gateway(request)
-        return JSONResponse(await _engine_method(gw, "residency").remote())
-    except Exception as exc:
-        return error_response(exc)
+    gw = _gateway(request)
+    return JSONResponse(await _engine_method(gw, "residency").remote())
 
