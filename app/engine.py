@@ -90,10 +90,6 @@ class EngineServer:
             raise NotReady(f"engine generation failed: {out['body']}")
         return True
 
-    def resident_adapters(self) -> list[str]:
-        """Adapter ids registered with this replica's engine (for routing and the admin view)."""
-        return self.slots.resident()
-
     def record_routing_stats(self) -> dict[str, Any]:
         """Serve calls this periodically; ``app.router`` ranks replicas by it."""
         return {"resident": self.slots.resident(), "free_slots": self.slots.free_slots}

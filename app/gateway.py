@@ -25,7 +25,7 @@ from app import admin_routes
 from app.admission import Admission
 from app.catalog import AdapterCatalog
 from app.config import AppConfig
-from app.errors import BadRequest, Forbidden, LoraplexError, NotFound, NotReady, error_response, json_error
+from app.errors import BadRequest, Forbidden, NotFound, NotReady, error_response, json_error
 from app.tenants import Tenant, TenantDirectory
 
 api = FastAPI(title="loraplex", description="Multi-tenant LoRA serving for MoE LLMs")
@@ -155,10 +155,8 @@ class Gateway:
                     response = _engine_response(await engine.generate.remote(kind, body, manifest))
             status = response.status_code
             return response
-        except (LoraplexError, RegistryError) as exc:
-            status = exc.http_status
-            return error_response(exc)
         except Exception as exc:
+            status = getattr(exc, "http_status", 500)
             return error_response(exc)
         finally:
             metrics.observe_request(tenant_name, adapter_label, kind, status, time.monotonic() - started)

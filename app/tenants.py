@@ -92,7 +92,6 @@ class TenantDirectory:
         self.path = path
         self._mtime: float | None = None
         self._by_hash: dict[str, Tenant] = {}
-        self._by_name: dict[str, Tenant] = {}
         self.reload_if_changed()
 
     def reload_if_changed(self) -> None:
@@ -108,7 +107,6 @@ class TenantDirectory:
             logger.error("tenants file %s not reloaded: %s", self.path, exc)
             return
         self._by_hash = {h: t for t in doc.tenants for h in t.key_sha256}
-        self._by_name = {t.name: t for t in doc.tenants}
         self._mtime = mtime
 
     def authenticate(self, authorization: str | None) -> Tenant:
@@ -120,7 +118,3 @@ class TenantDirectory:
         if tenant is None:
             raise Unauthorized("invalid API key")
         return tenant
-
-    def get(self, name: str) -> Tenant | None:
-        self.reload_if_changed()
-        return self._by_name.get(name)

@@ -173,6 +173,3 @@ class ServingLoraOps:
             if req.lora_int_id == lora_int_id:
                 del self._models.lora_requests[name]
         return await self._engine.remove_lora(lora_int_id)
-
-    async def list_loras(self) -> set[int]:
-        return set(await self._engine.list_loras())

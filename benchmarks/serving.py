@@ -26,7 +26,8 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.stack import free_port, start_stack, stop_stack  # noqa: E402
+from adapters_registry.testing import free_port  # noqa: E402
+from tests.stack import start_stack, stop_stack  # noqa: E402
 
 ADAPTER = "acme-support"
 SLOTS = 4  # residency capacity (max_cpu_loras) of the loraplex replica in this benchmark

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,14 +18,10 @@ from pathlib import Path
 import httpx
 import yaml
 
+from adapters_registry.testing import free_port
+
 REPO = Path(__file__).resolve().parents[1]
 READY_TIMEOUT_S = 600
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
