@@ -211,7 +211,8 @@ def moe_lora_shrink(
     use_pdl: bool = False,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Shrink: ``x [rows_in, in]`` with ``A [L, E, r, in]`` per slice → fp32 partials
+    """Shrink: ``x [rows_in, >=in]`` with ``A [L, E, r, in]`` per slice (only the first ``in``
+    columns of ``x`` are read: a padded base activation works as it is) → fp32 partials
     ``[split_k, max_blocks*BM, S*RP]`` (RP = rank padded to a power of two >= 16).
 
     ``x_row_div``: row ``t*K+k`` reads ``x[(t*K+k) // x_row_div]`` (K for gate_up, 1 for down).
@@ -236,6 +237,7 @@ def moe_lora_shrink(
     if blocks.max_blocks == 0:
         return part
     assert x.stride(-1) == 1 and all(t.stride(-1) == 1 for t in a)
+    assert x.shape[-1] >= in_features, (x.shape, in_features)
     grid = (blocks.max_blocks, split_k, num_slices)
     extra = {"launch_pdl": True} if use_pdl else {}
     _moe_lora_shrink_kernel[grid](
@@ -263,9 +265,11 @@ def moe_lora_expand(
     add_inputs: bool = True,
     use_pdl: bool = False,
 ) -> None:
-    """Expand with the add fused: ``y [M*K, S*N] (+)= scale * w_row * part @ B^T`` per slice.
+    """Expand with the add fused: ``y [M*K, >=S*N] (+)= scale * w_row * part @ B^T`` per slice.
 
-    ``B [L, E, N, r]`` per slice; ``scaling [L]`` (None: 1, vLLM folds it into B);
+    Slice ``s`` goes to columns ``[s*N, (s+1)*N)``; columns past ``S*N`` (a base MoE backend's
+    padding, e.g. Marlin's MXFP4 intermediate rounded up to 128) are left untouched, as vLLM's
+    own kernel does. ``B [L, E, N, r]`` per slice; ``scaling [L]`` (None: 1, vLLM folds it into B);
     ``topk_weights [M, K]`` multiplies row ``t*K+k`` by its routing weight (down proj) when given.
     With ``add_inputs=False`` the rows of the blocks are overwritten (other rows untouched).
     """
@@ -276,7 +280,7 @@ def moe_lora_expand(
     if blocks.max_blocks == 0:
         return
     assert y.stride(-1) == 1 and all(t.stride(-1) == 1 for t in b)
-    assert y.shape[-1] == num_slices * out_features
+    assert y.shape[-1] >= num_slices * out_features, (y.shape, num_slices, out_features)
     block_n = min(cfg.block_n, max(16, triton.next_power_of_2(out_features)))
     grid = (triton.cdiv(out_features, block_n), blocks.max_blocks, num_slices)
     tw = topk_weights.reshape(-1) if topk_weights is not None else part

@@ -69,7 +69,7 @@ def _apply_w13_lora(self, lora_context, *, y, x, topk_ids, topk_weights, expert_
     _warm_up_once(ctx, top_k_num)
     ops = MoELoRAOps(topk_ids.view(num_tokens, top_k_num), token_lora,
                      ctx.adapter_enabled[: ctx.max_loras], num_experts=ctx.local_num_experts,
-                     hidden=x.shape[-1], intermediate=intermediate, rank=rank,
+                     hidden=a13[0].shape[-1], intermediate=intermediate, rank=rank,
                      num_slots=ctx.max_loras)
     x2d = x if x.stride(-1) == 1 else x.contiguous()
     ops.add_w13(y.view(num_tokens * top_k_num, -1), x2d, a13, b13, add_inputs=add_inputs)

@@ -191,6 +191,40 @@ def test_two_slice_gate_up_matches_folded_reference():
 
 
 @needs_triton
+def test_padded_base_caches_get_the_delta_in_their_leading_columns():
+    """A base backend that pads (Marlin MXFP4: hidden and intermediate rounded up) hands wider
+    activations and caches: the ops read the first ``in`` columns of x / h, add into the first
+    ``S*N`` columns of y, and leave the padding columns exactly as they were."""
+    m, h, i, e, k, n_slots, r, pad = 9, 40, 24, 5, 2, 3, 16, 24
+    p = random_moe_lora_problem(m, h, i, e, k, n_slots, r, device=DEV, no_adapter_fraction=0.2)
+    lora = p["lora"]
+    cfg = forced_config(16, 2, 16, 16)
+    enabled = lora.has_experts.to(torch.int32)
+
+    def ops():
+        return MoELoRAOps(p["topk_ids"], p["token_lora"], enabled, e, h, i, r, n_slots, config=cfg)
+
+    x_wide = torch.cat([p["x"], torch.randn(m, pad, device=DEV) * 1e3], dim=1)
+    hid = torch.randn(m * k, i, device=DEV)
+    h_wide = torch.cat([hid, torch.randn(m * k, pad, device=DEV) * 1e3], dim=1)
+    y13, y2 = torch.randn(m * k, 2 * i, device=DEV), torch.randn(m * k, h, device=DEV)
+    y13_wide = torch.cat([y13, torch.randn(m * k, pad, device=DEV)], dim=1)
+    y2_wide = torch.cat([y2, torch.randn(m * k, pad, device=DEV)], dim=1)
+    pad13, pad2 = y13_wide[:, 2 * i:].clone(), y2_wide[:, h:].clone()
+    tw = torch.rand(m, k, device=DEV)
+
+    narrow = ops()
+    narrow.add_w13(y13, p["x"], lora.w13_a, lora.w13_b, scaling=lora.scaling)
+    narrow.add_w2(y2, hid, lora.w2_a, lora.w2_b, tw, scaling=lora.scaling)
+    wide = ops()
+    wide.add_w13(y13_wide, x_wide, lora.w13_a, lora.w13_b, scaling=lora.scaling)
+    wide.add_w2(y2_wide, h_wide, lora.w2_a, lora.w2_b, tw, scaling=lora.scaling)
+    assert rel_err(y13_wide[:, : 2 * i], y13) < TOL_F32
+    assert rel_err(y2_wide[:, :h], y2) < TOL_F32
+    assert torch.equal(y13_wide[:, 2 * i:], pad13) and torch.equal(y2_wide[:, h:], pad2)
+
+
+@needs_triton
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("shape", [
     pytest.param((2880, 2880, 32, 4, "swigluoai"), id="gpt-oss-20b"),
