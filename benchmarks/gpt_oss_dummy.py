@@ -1,0 +1,132 @@
+"""A GPT-OSS-20B-shaped model with random weights that routes like a trained one, for GPU runs.
+
+No checkpoint is downloaded: ``write_model_dir`` writes the public architecture's ``config.json``
+(bf16 experts, or MXFP4 experts as released) and vLLM loads it with ``load_format="dummy"``.
+
+vLLM's dummy loader draws every float parameter from U(-1e-3, 1e-3) and leaves integer ones
+(MXFP4 blocks and scales) as allocated. Then RMSNorm weights of ~1e-3 shrink the router input,
+the router bias decides alone and every token picks the same experts: a decode step reads 4 of
+32 experts instead of ~28, which flatters the base model. ``use_balanced_dummy_weights`` patches
+the loader (in this process; the engine must run in-process) so that after the random fill:
+
+- norms are 1, routers ``N(0, 1/hidden)`` with zero bias, other biases zero, the token
+  embedding ``N(0, 1)`` (a token-specific residual, so each layer routes it independently);
+- the LM head is ``N(0, (head_std)^2 / hidden)``: logits of a few units, so greedy decoding
+  and log-probabilities are informative;
+- MXFP4 scales (uint8 E8M0) are 2^-9 and the packed FP4 blocks uniform random bytes (FP4 has
+  no NaN), before vLLM repacks them for its kernel.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+GPT_OSS_20B_CONFIG = {
+    "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss",
+    "hidden_size": 2880, "intermediate_size": 2880, "num_hidden_layers": 24,
+    "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64,
+    "num_local_experts": 32, "num_experts_per_tok": 4, "experts_per_token": 4,
+    "vocab_size": 201088, "eos_token_id": 200002, "pad_token_id": 199999,
+    "attention_bias": True, "attention_dropout": 0.0, "hidden_act": "silu", "swiglu_limit": 7.0,
+    "layer_types": ["sliding_attention", "full_attention"] * 12, "sliding_window": 128,
+    "initial_context_length": 4096, "max_position_embeddings": 131072, "rms_norm_eps": 1e-05,
+    "rope_theta": 150000, "rope_scaling": {
+        "rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+        "original_max_position_embeddings": 4096, "truncate": False},
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "use_cache": True,
+    "initializer_range": 0.02, "router_aux_loss_coef": 0.9, "output_router_logits": False,
+}
+
+# the release's quantization: experts in MXFP4; attention, router, embeddings, head in bf16
+MXFP4_QUANTIZATION = {
+    "quant_method": "mxfp4",
+    "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                               "model.embed_tokens", "lm_head"],
+}
+
+
+def write_model_dir(root: str | Path, mxfp4: bool) -> Path:
+    """``<root>/gpt-oss-20b-shape[-mxfp4]/config.json``; returns the folder."""
+    cfg = dict(GPT_OSS_20B_CONFIG)
+    if mxfp4:
+        cfg["quantization_config"] = MXFP4_QUANTIZATION
+    out = Path(root) / ("gpt-oss-20b-shape-mxfp4" if mxfp4 else "gpt-oss-20b-shape")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(cfg, indent=1))
+    return out
+
+
+def write_adapters(root: str | Path, count: int, rank: int, scale: float) -> list[Path]:
+    """``count`` PEFT adapters (attention q/k/v/o + the fused 3-D experts, bf16, seeds 0..)."""
+    from adapters_registry.manifest import BaseModelInfo
+    from adapters_registry.testing import GPT_OSS_20B, synthetic_adapter
+
+    base = BaseModelInfo.from_config(GPT_OSS_20B, name="gpt-oss-20b-shape")
+    paths = []
+    for i in range(count):
+        path = Path(root) / f"gptoss-r{rank}-s{scale:g}-{i}"
+        if not (path / "adapter_model.safetensors").exists():
+            synthetic_adapter(path, base, r=rank, alpha=2 * rank, experts="3d", dtype="bfloat16",
+                              seed=1000 + i, scale=scale)
+        paths.append(path)
+    return paths
+
+
+def _rebalance(model, hidden: int, head_std: float) -> dict[str, int]:
+    import torch
+
+    gen: dict = {}
+
+    def g(dev):
+        return gen.setdefault(dev, torch.Generator(device=dev).manual_seed(4321))
+
+    counts: dict[str, int] = {}
+
+    def bump(key: str) -> None:
+        counts[key] = counts.get(key, 0) + 1
+
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if torch.is_floating_point(p):
+                if name.endswith("norm.weight"):
+                    p.fill_(1.0), bump("norm")
+                elif name.endswith("router.weight"):
+                    p.normal_(0.0, hidden**-0.5, generator=g(p.device)), bump("router")
+                elif name.endswith("bias"):
+                    p.zero_(), bump("bias")
+                elif name.endswith("embedding.weight") or name.endswith("embed_tokens.weight"):
+                    p.normal_(0.0, 1.0, generator=g(p.device)), bump("embedding")
+                elif name.endswith("lm_head.weight"):
+                    p.normal_(0.0, head_std * hidden**-0.5, generator=g(p.device)), bump("head")
+            elif p.dtype == torch.uint8:
+                if name.endswith("scale"):
+                    p.fill_(118), bump("mxfp4_scale")
+                else:
+                    p.random_(0, 256, generator=g(p.device)), bump("mxfp4_blocks")
+    return counts
+
+
+def use_balanced_dummy_weights(head_std: float = 4.0) -> None:
+    """Patches vLLM's ``DummyModelLoader.load_weights`` in this process (idempotent)."""
+    from vllm.model_executor.model_loader import dummy_loader
+
+    cls = dummy_loader.DummyModelLoader
+    if getattr(cls.load_weights, "_loraplex_balanced", False):
+        return
+    original = cls.load_weights
+
+    def load_weights(self, model, model_config):
+        original(self, model, model_config)
+        counts = _rebalance(model, model_config.hf_text_config.hidden_size, head_std)
+        print(f"balanced dummy weights: {counts}", flush=True)
+
+    load_weights._loraplex_balanced = True
+    cls.load_weights = load_weights
+
+
+def in_process_engine_env() -> None:
+    """The engine core and worker in this process (so the patches above and a kernel switch
+    reach them); call before importing vLLM's engine."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"

@@ -1,0 +1,75 @@
+"""The CPU-checkable parts of the GPU end-to-end benchmarks (the runs themselves need an H200)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from benchmarks.gpt_oss_dummy import _rebalance, write_model_dir
+from benchmarks.gpu_engine_equality import compare
+
+
+class _TinyGptOssLike(torch.nn.Module):
+    def __init__(self, hidden: int = 64) -> None:
+        super().__init__()
+        self.embedding = torch.nn.Embedding(100, hidden)
+        self.input_layernorm = torch.nn.Linear(1, hidden)  # only its ``.weight`` name matters
+        self.router = torch.nn.Linear(hidden, 8)
+        self.o_proj = torch.nn.Linear(hidden, hidden)
+        self.sinks = torch.nn.Parameter(torch.full((4,), 1e-3))
+        self.lm_head = torch.nn.Linear(hidden, 100, bias=False)
+        self.w13_weight = torch.nn.Parameter(torch.zeros(2, 16, dtype=torch.uint8), False)
+        self.w13_weight_scale = torch.nn.Parameter(torch.zeros(2, 4, dtype=torch.uint8), False)
+
+    def named_parameters(self, *a, **k):  # vLLM's names end like these
+        renames = {"input_layernorm.weight": "input_layernorm.norm.weight"}
+        for name, p in super().named_parameters(*a, **k):
+            yield renames.get(name, name), p
+
+
+def test_rebalance_makes_routing_token_dependent_and_fills_mxfp4_bytes():
+    m = _TinyGptOssLike()
+    with torch.no_grad():
+        for p in m.parameters():
+            if p.is_floating_point():
+                p.uniform_(-1e-3, 1e-3)
+    sinks = m.sinks.detach().clone()
+    counts = _rebalance(m, hidden=64, head_std=4.0)
+    assert counts["norm"] == 1 and counts["router"] == 1 and counts["embedding"] == 1
+    assert counts["mxfp4_scale"] == 1 and counts["mxfp4_blocks"] == 1
+    assert torch.all(m.w13_weight_scale == 118)  # E8M0 2^-9, never the NaN code 255
+    assert m.w13_weight.float().std() > 30  # uniform random bytes
+    assert not m.router.bias.any() and not m.o_proj.bias.any()
+    assert torch.equal(m.sinks.detach(), sinks)  # attention sinks untouched
+    x = m.embedding.weight.detach()[:16]
+    experts = (x @ m.router.weight.t()).topk(2, dim=-1).indices.unique().numel()
+    assert experts >= 6  # of 8: tokens spread over the experts
+    logits = x @ m.lm_head.weight.t()
+    assert 1.0 < float(logits.std()) < 10.0
+
+
+def test_model_dir_configs(tmp_path):
+    bf16 = json.loads((write_model_dir(tmp_path, mxfp4=False) / "config.json").read_text())
+    mx = json.loads((write_model_dir(tmp_path, mxfp4=True) / "config.json").read_text())
+    assert "quantization_config" not in bf16 and mx["quantization_config"]["quant_method"] == "mxfp4"
+    assert (bf16["hidden_size"], bf16["num_local_experts"], bf16["num_hidden_layers"]) == (2880, 32, 24)
+    assert len(bf16["layer_types"]) == bf16["num_hidden_layers"]
+
+
+def _pass(forced, greedy):
+    return {"forced": forced, "greedy": greedy}
+
+
+def test_compare_reports_logprob_gaps_and_first_divergence():
+    a = _pass([[-1.0, -2.0], [-3.0]], [([1, 2, 3], [-0.1, -0.2, -0.3]), ([4, 5], [-0.4, -0.5])])
+    b = _pass([[-1.5, -2.0], [-3.25]], [([1, 2, 9], [-0.2, -0.2, -0.9]), ([4, 5], [-0.4, -0.5])])
+    r = compare(a, b)
+    assert r["forced_tokens"] == 3
+    assert r["forced_max_abs"] == pytest.approx(0.5)
+    assert r["forced_mean_abs"] == pytest.approx(0.75 / 3)
+    assert r["greedy_identical"] == "1/2"
+    assert r["greedy_first_divergence_min"] == 2
+    # before divergence: |0.1| and 0 from the first request, 0 and 0 from the second
+    assert r["greedy_mean_abs_before_divergence"] == pytest.approx(0.1 / 4)
