@@ -25,7 +25,9 @@ import logging
 
 import torch
 
-logger = logging.getLogger(__name__)
+from kernels.vllm_cuda_warmup import warm_up_layer, watch_compiles
+
+logger = logging.getLogger("vllm.loraplex")  # shows in vLLM's own log output
 SUPPORTED_PREFIX = "0.24."
 _SKIP = object()  # gate_up found no LoRA token: down skips too
 _originals: dict[str, object] = {}
@@ -58,6 +60,7 @@ def _apply_w13_lora(self, lora_context, *, y, x, topk_ids, topk_weights, expert_
             self, ctx, y=y, x=x, topk_ids=topk_ids, topk_weights=topk_weights,
             expert_map=expert_map, w1=w1, w2=w2, num_tokens=num_tokens, top_k_num=top_k_num,
             add_inputs=add_inputs)
+    warm_up_layer(ctx, top_k_num)  # before the exit below: the profile run has no adapter
     pw = ctx.punica_wrapper
     token_lora, _, _, _, _, no_lora_flag, _ = pw.token_mapping_meta.meta_args(
         x.size(0), pw.lora_config.specialize_active_lora)
@@ -66,7 +69,6 @@ def _apply_w13_lora(self, lora_context, *, y, x, topk_ids, topk_weights, expert_
     a13, b13 = ctx.w13_lora_a_stacked, ctx.w13_lora_b_stacked
     rank = a13[0].shape[-2]
     intermediate = ctx.w2_lora_a_stacked[0].shape[-1]
-    _warm_up_once(ctx, top_k_num)
     ops = MoELoRAOps(topk_ids.view(num_tokens, top_k_num), token_lora,
                      ctx.adapter_enabled[: ctx.max_loras], num_experts=ctx.local_num_experts,
                      hidden=a13[0].shape[-1], intermediate=intermediate, rank=rank,
@@ -74,33 +76,6 @@ def _apply_w13_lora(self, lora_context, *, y, x, topk_ids, topk_weights, expert_
     x2d = x if x.stride(-1) == 1 else x.contiguous()
     ops.add_w13(y.view(num_tokens * top_k_num, -1), x2d, a13, b13, add_inputs=add_inputs)
     return ops, None, None, token_lora
-
-
-WARM_UP_MS = (1, 4, 16, 64, 256, 1024, 4096)
-_warmed: set[tuple] = set()
-
-
-def _warm_up_once(ctx, top_k: int) -> None:
-    """First call per layer shape in this process (vLLM's profile run, before graph capture):
-    compile every kernel variant the tuned (or default) configs can launch."""
-    from kernels.triton_moe_lora_ops import warm_up
-    from kernels.triton_moe_lora_configs import get_layer_config, tuned_layer_configs
-
-    a13 = ctx.w13_lora_a_stacked
-    key = (tuple(a13[0].shape), len(a13), tuple(ctx.w2_lora_a_stacked[0].shape), top_k,
-           a13[0].dtype, a13[0].device)
-    capturing = a13[0].is_cuda and torch.cuda.is_current_stream_capturing()
-    if key in _warmed or capturing:
-        return
-    _warmed.add(key)
-    shape = dict(hidden=a13[0].shape[-1], intermediate=ctx.w2_lora_a_stacked[0].shape[-1],
-                 num_experts=ctx.local_num_experts, top_k=top_k, rank=a13[0].shape[-2],
-                 num_slots=ctx.max_loras, device=a13[0].device)
-    configs = tuned_layer_configs(**shape) or [(m, get_layer_config(m, **shape))
-                                               for m in WARM_UP_MS]
-    warm_up(a13, ctx.w13_lora_b_stacked, ctx.w2_lora_a_stacked[0], ctx.w2_lora_b_stacked[0],
-            ctx.local_num_experts, top_k, configs)
-    logger.info("loraplex: MoE-LoRA kernels compiled for %d batch-size buckets", len(configs))
 
 
 def _apply_w2_lora(self, lora_context, *, y, x, topk_weights, sorted_token_ids_lora,
@@ -141,7 +116,8 @@ def install() -> None:
     _originals["apply_w2_lora"] = LoRAExpertsMixin.apply_w2_lora
     LoRAExpertsMixin.apply_w13_lora = _apply_w13_lora
     LoRAExpertsMixin.apply_w2_lora = _apply_w2_lora
-    logger.info("loraplex: MoE-LoRA Triton ops installed for vLLM %s", vllm.__version__)
+    watch_compiles()
+    logger.info("MoE-LoRA Triton ops (loraplex) installed for vLLM %s", vllm.__version__)
 
 
 def uninstall() -> None:

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import os
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
-from kernels import vllm_cuda
+from kernels import vllm_cuda, vllm_cuda_warmup
 
 
 @pytest.mark.parametrize("version", ["0.32.0", "0.23.1", "0.25.0", "1.0.0"])
@@ -149,7 +151,8 @@ def test_patched_methods_compute_the_lora_deltas(monkeypatch):
                           max_loras=L, local_num_experts=E, fully_sharded=False, tp_size=1,
                           local_token_lora_mapping=None, punica_wrapper=pw)
     monkeypatch.setattr(vllm_cuda, "_ours_applies", lambda c, x, em: True)
-    monkeypatch.setattr(vllm_cuda, "WARM_UP_MS", (1, 3))
+    monkeypatch.setattr(vllm_cuda_warmup, "WARM_UP_MS", (1, 3))
+    monkeypatch.setattr(vllm_cuda_warmup, "_warmed", set())
     ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)]).to(torch.int32)
     ids = ids.to(dev)
     tw = torch.softmax(rnd(T, K), -1)
@@ -167,6 +170,13 @@ def test_patched_methods_compute_the_lora_deltas(monkeypatch):
                                                     ) @ b13[s][a, e].double().t()
             want2[t, k] += (tw[t, k].double() * (h[t * K + k].double() @ a2[a, e].double().t())
                             @ b2[a, e].double().t())
+    # the first call warms the kernels up even when its batch has no adapter (vLLM's profile run)
+    no_lora[0] = True
+    skipped = vllm_cuda._apply_w13_lora(None, ctx, y=y13, x=x, topk_ids=ids, topk_weights=tw,
+                                        expert_map=None, w1=None, w2=None, num_tokens=T,
+                                        top_k_num=K)
+    assert skipped[0] is vllm_cuda._SKIP and len(vllm_cuda_warmup._warmed) == 1
+    no_lora[0] = False
     out = vllm_cuda._apply_w13_lora(None, ctx, y=y13, x=x, topk_ids=ids, topk_weights=tw,
                                     expert_map=None, w1=None, w2=None, num_tokens=T,
                                     top_k_num=K)
@@ -188,3 +198,21 @@ def test_patched_methods_compute_the_lora_deltas(monkeypatch):
                                     sorted_token_ids_lora=out[0], expert_ids_lora=None,
                                     num_tokens_post_padded_lora=None, token_lora_mapping=None,
                                     num_tokens=T, w1=None, w2=None, top_k_num=K) is None
+
+
+def test_compiles_after_the_warm_up_are_reported_and_chained(monkeypatch):
+    knobs = pytest.importorskip("triton").knobs
+    seen = []
+    monkeypatch.setattr(knobs.runtime, "jit_post_compile_hook", lambda **kw: seen.append(kw))
+    monkeypatch.setattr(vllm_cuda_warmup, "_watching", False)
+    monkeypatch.setattr(vllm_cuda_warmup, "_warmed", set())
+    monkeypatch.setattr(vllm_cuda_warmup, "COMPILES_DURING_SERVING", [])
+    vllm_cuda_warmup.watch_compiles()
+    hook = knobs.runtime.jit_post_compile_hook
+    ours = SimpleNamespace(name="kernels.triton_moe_lora._moe_lora_shrink_kernel")
+    hook(fn=ours, key="k0")  # before any warm-up: the warm-up's own compiles
+    vllm_cuda_warmup._warmed.add(("shape",))
+    hook(fn=SimpleNamespace(name="vllm.other._kernel"), key="k1")
+    hook(fn=ours, key="k2")
+    assert vllm_cuda_warmup.COMPILES_DURING_SERVING == [ours.name]
+    assert [kw["key"] for kw in seen] == ["k0", "k1", "k2"]  # vLLM's hook still sees them all

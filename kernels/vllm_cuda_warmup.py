@@ -1,0 +1,80 @@
+"""Compile every MoE-LoRA kernel variant before vLLM serves, and report any compiled later.
+
+Triton compiles a kernel variant at its first launch; a compile while serving stalls the whole
+engine step (hundreds of ms: every request in the batch waits). ``warm_up_layer`` runs at the
+first MoE-LoRA call of a layer shape in the process, which is vLLM's profile run (before CUDA
+graph capture, before any request). It must run before the "no adapter in this batch" exit:
+the profile run has no active adapter, and the first call with one may be a graph capture,
+where nothing may be compiled on purpose.
+
+``watch_compiles`` chains a Triton post-compile hook that, once the warm-up is done, logs every
+further compile of one of loraplex's kernels with its specialisation key (and counts them in
+``COMPILES_DURING_SERVING``), so a variant the warm-up missed shows in the engine's log.
+
+Logs go to the ``vllm.loraplex`` logger so that they appear in vLLM's own log output.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+logger = logging.getLogger("vllm.loraplex")
+WARM_UP_MS = (1, 4, 16, 64, 256, 1024, 4096)
+OUR_KERNELS = ("_moe_lora_shrink_kernel", "_moe_lora_expand_kernel", "_moe_lora_align_kernel")
+COMPILES_DURING_SERVING: list[str] = []
+_warmed: set[tuple] = set()
+_watching = False
+_warming = False
+
+
+def warm_up_layer(ctx, top_k: int) -> None:
+    """Compiles every kernel variant the tuned (or default) configs of this layer shape can
+    launch; once per shape and process, never during CUDA-graph capture."""
+    from kernels.triton_moe_lora_configs import get_layer_config, tuned_layer_configs
+    from kernels.triton_moe_lora_ops import warm_up
+
+    a13 = ctx.w13_lora_a_stacked
+    key = (tuple(a13[0].shape), len(a13), tuple(ctx.w2_lora_a_stacked[0].shape), top_k,
+           a13[0].dtype, a13[0].device)
+    if key in _warmed or (a13[0].is_cuda and torch.cuda.is_current_stream_capturing()):
+        return
+    shape = dict(hidden=a13[0].shape[-1], intermediate=ctx.w2_lora_a_stacked[0].shape[-1],
+                 num_experts=ctx.local_num_experts, top_k=top_k, rank=a13[0].shape[-2],
+                 num_slots=ctx.max_loras, device=a13[0].device)
+    configs = tuned_layer_configs(**shape) or [(m, get_layer_config(m, **shape))
+                                               for m in WARM_UP_MS]
+    global _warming
+    _warming = True
+    try:
+        warm_up(a13, ctx.w13_lora_b_stacked, ctx.w2_lora_a_stacked[0], ctx.w2_lora_b_stacked[0],
+                ctx.local_num_experts, top_k, configs)
+    finally:
+        _warming = False
+    _warmed.add(key)
+    logger.info("MoE-LoRA kernels compiled for %d batch-size buckets (%s)", len(configs),
+                ", ".join(str(m) for m, _ in configs))
+
+
+def watch_compiles() -> None:
+    """Chains the post-compile hook once per process (Triton's ``knobs``; absent: no-op)."""
+    global _watching
+    if _watching:
+        return
+    try:
+        from triton import knobs
+    except ImportError:  # older Triton: no hook to chain
+        return
+    previous = knobs.runtime.jit_post_compile_hook
+
+    def on_compile(**kwargs):
+        name = getattr(kwargs.get("fn"), "name", "")
+        if _warmed and not _warming and name.rsplit(".", 1)[-1] in OUR_KERNELS:
+            COMPILES_DURING_SERVING.append(name)
+            logger.warning("MoE-LoRA kernel %s compiled after the warm-up (key %s): the "
+                           "engine stalls while it compiles", name, kwargs.get("key"))
+        return previous(**kwargs) if previous is not None else None
+
+    knobs.runtime.jit_post_compile_hook = on_compile
+    _watching = True
