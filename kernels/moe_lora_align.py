@@ -62,6 +62,11 @@ def max_num_blocks(num_rows: int, num_pairs: int, block_m: int) -> int:
 
 
 ALIGN_CHUNKS = (256, 1024, 4096)
+_ALIGN_INTS = 4  # int32 elements per 16 bytes
+
+
+def _round_up(n: int, k: int) -> int:
+    return (n + k - 1) // k * k
 
 
 def align_chunk(num_rows: int) -> int:
@@ -155,13 +160,16 @@ def align_moe_lora(
         return MoELoRABlocks(dummy, dummy, dummy, dummy, num_rows, block_m, num_rows, top_k,
                              num_experts, True, ids, token_lora, enabled)
     max_blocks = max_num_blocks(num_rows, num_pairs, block_m)
-    ints = torch.empty(pairs_p2 + 1 + 2 * max_blocks + max_blocks * block_m, dtype=torch.int32,
-                       device=dev)
-    cursor = ints[:pairs_p2]
-    num_blocks = ints[pairs_p2 : pairs_p2 + 1]
-    block_pair = ints[pairs_p2 + 1 : pairs_p2 + 1 + max_blocks]
-    block_nrows = ints[pairs_p2 + 1 + max_blocks : pairs_p2 + 1 + 2 * max_blocks]
-    sorted_rows = ints[pairs_p2 + 1 + 2 * max_blocks :]
+    # one buffer, each part starting on a 16-byte boundary: Triton specialises pointer arguments
+    # on that alignment, so offsets that varied with max_blocks (i.e. with M) compiled new
+    # kernel variants while serving
+    sizes = (pairs_p2, 1, max_blocks, max_blocks, max_blocks * block_m)
+    starts = [0]
+    for n in sizes:
+        starts.append(starts[-1] + _round_up(n, _ALIGN_INTS))
+    ints = torch.empty(starts[-1], dtype=torch.int32, device=dev)
+    cursor, num_blocks, block_pair, block_nrows, sorted_rows = (
+        ints[a : a + n] for a, n in zip(starts, sizes))
     if num_rows == 0:
         num_blocks.zero_()
     else:

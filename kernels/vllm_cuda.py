@@ -21,13 +21,9 @@ dtypes other than bf16/fp16.
 
 from __future__ import annotations
 
-import logging
-
 import torch
 
-from kernels.vllm_cuda_warmup import warm_up_layer, watch_compiles
-
-logger = logging.getLogger("vllm.loraplex")  # shows in vLLM's own log output
+from kernels.vllm_cuda_warmup import vllm_logger, warm_up_layer, watch_compiles
 SUPPORTED_PREFIX = "0.24."
 _SKIP = object()  # gate_up found no LoRA token: down skips too
 _originals: dict[str, object] = {}
@@ -45,9 +41,24 @@ def check_version(version: str) -> None:
             f"{version}; set LORAPLEX_MOE_LORA=0 to run vLLM's own kernels")
 
 
+def _ctx_supported(ctx) -> bool:
+    a = ctx.w13_lora_a_stacked[0]
+    return (ctx.local_token_lora_mapping is None and not ctx.fully_sharded and ctx.tp_size == 1
+            and a.dtype in (torch.bfloat16, torch.float16) and a.is_cuda)
+
+
 def _ours_applies(ctx, x: torch.Tensor, expert_map) -> bool:
-    return (expert_map is None and ctx.local_token_lora_mapping is None and not ctx.fully_sharded
-            and ctx.tp_size == 1 and x.dtype in (torch.bfloat16, torch.float16) and x.is_cuda)
+    return (expert_map is None and _ctx_supported(ctx)
+            and x.dtype in (torch.bfloat16, torch.float16) and x.is_cuda)
+
+
+def _set_mapping(self, punica_wrapper):
+    """``FusedMoEWithLoRA.set_mapping`` (model setup: before the profile run and graph capture)
+    plus the kernel warm-up, so no batch size compiles a kernel while serving."""
+    _originals["set_mapping"](self, punica_wrapper)
+    ctx = getattr(self._moe_kernel.fused_experts, "_lora_context", None)
+    if ctx is not None and _ctx_supported(ctx):
+        warm_up_layer(ctx, ctx.top_k)
 
 
 def _apply_w13_lora(self, lora_context, *, y, x, topk_ids, topk_weights, expert_map, w1, w2,
@@ -60,7 +71,7 @@ def _apply_w13_lora(self, lora_context, *, y, x, topk_ids, topk_weights, expert_
             self, ctx, y=y, x=x, topk_ids=topk_ids, topk_weights=topk_weights,
             expert_map=expert_map, w1=w1, w2=w2, num_tokens=num_tokens, top_k_num=top_k_num,
             add_inputs=add_inputs)
-    warm_up_layer(ctx, top_k_num)  # before the exit below: the profile run has no adapter
+    warm_up_layer(ctx, top_k_num)  # normally done at set_mapping; before the exit below
     pw = ctx.punica_wrapper
     token_lora, _, _, _, _, no_lora_flag, _ = pw.token_mapping_meta.meta_args(
         x.size(0), pw.lora_config.specialize_active_lora)
@@ -108,23 +119,28 @@ def install() -> None:
     import vllm
 
     check_version(vllm.__version__)
+    from vllm.lora.layers.fused_moe import FusedMoEWithLoRA
     from vllm.model_executor.layers.fused_moe.experts.lora_experts_mixin import LoRAExpertsMixin
 
     if _originals:
         return
     _originals["apply_w13_lora"] = LoRAExpertsMixin.apply_w13_lora
     _originals["apply_w2_lora"] = LoRAExpertsMixin.apply_w2_lora
+    _originals["set_mapping"] = FusedMoEWithLoRA.set_mapping
     LoRAExpertsMixin.apply_w13_lora = _apply_w13_lora
     LoRAExpertsMixin.apply_w2_lora = _apply_w2_lora
+    FusedMoEWithLoRA.set_mapping = _set_mapping
     watch_compiles()
-    logger.info("MoE-LoRA Triton ops (loraplex) installed for vLLM %s", vllm.__version__)
+    vllm_logger().info("MoE-LoRA Triton ops (loraplex) installed for vLLM %s", vllm.__version__)
 
 
 def uninstall() -> None:
     """Restores vLLM's own methods (tests)."""
     if not _originals:
         return
+    from vllm.lora.layers.fused_moe import FusedMoEWithLoRA
     from vllm.model_executor.layers.fused_moe.experts.lora_experts_mixin import LoRAExpertsMixin
 
     LoRAExpertsMixin.apply_w13_lora = _originals.pop("apply_w13_lora")
     LoRAExpertsMixin.apply_w2_lora = _originals.pop("apply_w2_lora")
+    FusedMoEWithLoRA.set_mapping = _originals.pop("set_mapping")

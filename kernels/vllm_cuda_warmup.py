@@ -1,11 +1,12 @@
 """Compile every MoE-LoRA kernel variant before vLLM serves, and report any compiled later.
 
 Triton compiles a kernel variant at its first launch; a compile while serving stalls the whole
-engine step (hundreds of ms: every request in the batch waits). ``warm_up_layer`` runs at the
-first MoE-LoRA call of a layer shape in the process, which is vLLM's profile run (before CUDA
-graph capture, before any request). It must run before the "no adapter in this batch" exit:
-the profile run has no active adapter, and the first call with one may be a graph capture,
-where nothing may be compiled on purpose.
+engine step (hundreds of ms: every request in the batch waits). ``warm_up_layer`` runs when
+vLLM sets up a MoE layer's LoRA (``set_mapping``, at model load: before the profile run, graph
+capture and any request), once per layer shape and process; the first MoE-LoRA call repeats the
+check before its "no adapter in this batch" exit in case the setup hook did not run. It never
+runs under CUDA-graph capture. Its scratch memory is returned to the device afterwards so vLLM's
+memory profiling does not count it.
 
 ``watch_compiles`` chains a Triton post-compile hook that, once the warm-up is done, logs every
 further compile of one of loraplex's kernels with its specialisation key (and counts them in
@@ -20,13 +21,21 @@ import logging
 
 import torch
 
-logger = logging.getLogger("vllm.loraplex")
 WARM_UP_MS = (1, 4, 16, 64, 256, 1024, 4096)
 OUR_KERNELS = ("_moe_lora_shrink_kernel", "_moe_lora_expand_kernel", "_moe_lora_align_kernel")
 COMPILES_DURING_SERVING: list[str] = []
 _warmed: set[tuple] = set()
 _watching = False
 _warming = False
+
+
+def vllm_logger() -> logging.Logger:
+    """The ``vllm.loraplex`` logger, fetched per use and re-enabled: vLLM's logging setup
+    (``dictConfig``) disables loggers that exist before it runs, which is the case when vLLM
+    loads this plugin first thing in a freshly started engine process."""
+    log = logging.getLogger("vllm.loraplex")
+    log.disabled = False
+    return log
 
 
 def warm_up_layer(ctx, top_k: int) -> None:
@@ -53,7 +62,9 @@ def warm_up_layer(ctx, top_k: int) -> None:
     finally:
         _warming = False
     _warmed.add(key)
-    logger.info("MoE-LoRA kernels compiled for %d batch-size buckets (%s)", len(configs),
+    if a13[0].is_cuda:
+        torch.cuda.empty_cache()
+    vllm_logger().info("MoE-LoRA kernels compiled for %d batch-size buckets (%s)", len(configs),
                 ", ".join(str(m) for m, _ in configs))
 
 
@@ -72,7 +83,7 @@ def watch_compiles() -> None:
         name = getattr(kwargs.get("fn"), "name", "")
         if _warmed and not _warming and name.rsplit(".", 1)[-1] in OUR_KERNELS:
             COMPILES_DURING_SERVING.append(name)
-            logger.warning("MoE-LoRA kernel %s compiled after the warm-up (key %s): the "
+            vllm_logger().warning("MoE-LoRA kernel %s compiled after the warm-up (key %s): the "
                            "engine stalls while it compiles", name, kwargs.get("key"))
         return previous(**kwargs) if previous is not None else None
 

@@ -260,3 +260,18 @@ def test_warm_up_runs_every_config_and_leaves_weights_alone():
     warm_up(lora.w13_a, lora.w13_b, lora.w2_a, lora.w2_b, 5, 2, configs)
     for w, b in zip((lora.w13_a, lora.w13_b, lora.w2_a, lora.w2_b), before):
         assert torch.equal(w, b)
+
+
+@pytest.mark.parametrize("num_tokens", [5, 6, 7, 37, 38, 401])
+def test_block_tables_start_on_16_byte_boundaries(num_tokens):
+    """Triton specialises pointers on 16-byte alignment: the block tables must be aligned for
+    every batch size, or each new M compiles a new kernel variant while serving."""
+    if not TRITON_OK:
+        pytest.skip("Triton cannot run in this process")
+    ids = torch.zeros(num_tokens, 3, dtype=torch.int32, device=DEV)
+    blocks = align_moe_lora(ids, torch.zeros(num_tokens, dtype=torch.int32, device=DEV),
+                            torch.ones(4, dtype=torch.int32, device=DEV), 6, 16)
+    for t in (blocks.sorted_rows, blocks.block_pair, blocks.block_nrows, blocks.num_blocks):
+        assert t.data_ptr() % 16 == 0
+    assert blocks.block_pair.numel() == blocks.block_nrows.numel() == blocks.max_blocks
+    assert blocks.sorted_rows.numel() == blocks.max_blocks * 16

@@ -170,7 +170,17 @@ def test_patched_methods_compute_the_lora_deltas(monkeypatch):
                                                     ) @ b13[s][a, e].double().t()
             want2[t, k] += (tw[t, k].double() * (h[t * K + k].double() @ a2[a, e].double().t())
                             @ b2[a, e].double().t())
-    # the first call warms the kernels up even when its batch has no adapter (vLLM's profile run)
+    # vLLM's LoRA setup of the layer (set_mapping) runs the original, then warms the kernels up
+    ctx.top_k = K
+    monkeypatch.setattr(vllm_cuda, "_ctx_supported", lambda c: True)
+    mapped = []
+    monkeypatch.setitem(vllm_cuda._originals, "set_mapping", lambda s, p: mapped.append(p))
+    layer = SimpleNamespace(_moe_kernel=SimpleNamespace(
+        fused_experts=SimpleNamespace(_lora_context=ctx)))
+    vllm_cuda._set_mapping(layer, pw)
+    assert mapped == [pw] and len(vllm_cuda_warmup._warmed) == 1
+    # without that hook, the first call warms up even when its batch has no adapter
+    vllm_cuda_warmup._warmed.clear()
     no_lora[0] = True
     skipped = vllm_cuda._apply_w13_lora(None, ctx, y=y13, x=x, topk_ids=ids, topk_weights=tw,
                                         expert_map=None, w1=None, w2=None, num_tokens=T,
