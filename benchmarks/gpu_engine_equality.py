@@ -47,7 +47,7 @@ def _greedy(out) -> tuple[list[int], list[float]]:
 def _ours_active() -> bool:
     from vllm.model_executor.layers.fused_moe.experts.lora_experts_mixin import LoRAExpertsMixin
 
-    from kernels import vllm_cuda
+    from kernels import vllm_cuda, vllm_cuda_mxfp4
 
     return LoRAExpertsMixin.apply_w13_lora is vllm_cuda._apply_w13_lora
 
@@ -105,7 +105,7 @@ def main() -> None:
     from vllm import LLM
     from vllm.lora.request import LoRARequest
 
-    from kernels import vllm_cuda
+    from kernels import vllm_cuda, vllm_cuda_mxfp4
 
     use_balanced_dummy_weights()
     model = write_model_dir(args.workdir, args.mxfp4)
@@ -113,6 +113,8 @@ def main() -> None:
     paths = write_adapters(f"{args.workdir}/adapters", args.adapters, args.rank, args.adapter_scale)
     print(f"adapters ready in {time.perf_counter() - t:.1f}s", flush=True)
     os.environ[SWITCH_ENV] = "0"  # the plugin leaves vLLM stock; this script switches
+    if args.mxfp4:  # both passes on the same base GEMMs: the plugin's MXFP4 backend choice
+        vllm_cuda_mxfp4.install()
     llm = LLM(model=str(model), load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
               enforce_eager=True, enable_lora=True, max_loras=args.adapters,
               max_lora_rank=args.rank, max_cpu_loras=args.adapters, max_model_len=2048,

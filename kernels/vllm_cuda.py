@@ -14,6 +14,10 @@ each, written to columns ``[0, I)`` and ``[I, 2I)``): our ops take 1 or 2 slices
 nothing is copied. vLLM folds the LoRA scaling into B, so no scale is applied here. Slot validity
 comes from ``adapter_enabled`` (0 for an adapter without expert LoRA: its rows are skipped).
 
+``install`` also warms the kernels up when vLLM sets up each MoE layer's LoRA
+(``kernels.vllm_cuda_warmup``) and, for MXFP4 experts, keeps vLLM's Triton MXFP4 GEMMs instead
+of its fallback to Marlin under LoRA (``kernels.vllm_cuda_mxfp4``).
+
 Cases vLLM's own path keeps (the original methods are called): expert parallelism
 (``expert_map`` or a per-rank token map), fully sharded LoRA, tensor parallelism > 1, and
 dtypes other than bf16/fp16.
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import torch
 
+from kernels import vllm_cuda_mxfp4
 from kernels.vllm_cuda_warmup import vllm_logger, warm_up_layer, watch_compiles
 SUPPORTED_PREFIX = "0.24."
 _SKIP = object()  # gate_up found no LoRA token: down skips too
@@ -130,6 +135,7 @@ def install() -> None:
     LoRAExpertsMixin.apply_w13_lora = _apply_w13_lora
     LoRAExpertsMixin.apply_w2_lora = _apply_w2_lora
     FusedMoEWithLoRA.set_mapping = _set_mapping
+    vllm_cuda_mxfp4.install()
     watch_compiles()
     vllm_logger().info("MoE-LoRA Triton ops (loraplex) installed for vLLM %s", vllm.__version__)
 
@@ -144,3 +150,4 @@ def uninstall() -> None:
     LoRAExpertsMixin.apply_w13_lora = _originals.pop("apply_w13_lora")
     LoRAExpertsMixin.apply_w2_lora = _originals.pop("apply_w2_lora")
     FusedMoEWithLoRA.set_mapping = _originals.pop("set_mapping")
+    vllm_cuda_mxfp4.uninstall()
