@@ -73,3 +73,26 @@ def test_compare_reports_logprob_gaps_and_first_divergence():
     assert r["greedy_first_divergence_min"] == 2
     # before divergence: |0.1| and 0 from the first request, 0 and 0 from the second
     assert r["greedy_mean_abs_before_divergence"] == pytest.approx(0.1 / 4)
+
+
+def test_kernel_families_and_device_time_only():
+    from types import SimpleNamespace
+
+    from benchmarks.gpu_step_profile import family_ms, kernel_family
+
+    assert kernel_family("_moe_lora_shrink_kernel") == "MoE-LoRA (loraplex)"
+    assert kernel_family("_fused_moe_lora_kernel") == "MoE-LoRA (vLLM)"
+    assert kernel_family("_lora_expand_kernel") == "dense LoRA (vLLM punica)"
+    assert kernel_family("fused_moe_kernel") == "MoE base GEMMs"
+    assert kernel_family("flash_fwd_splitkv_kernel") == "attention"
+    assert kernel_family("nvjet_tst_128x64_64x4") == "dense GEMMs"
+    assert kernel_family("void at::native::elementwise_kernel<...>") == "other"
+
+    def ev(name, kind, us):
+        return SimpleNamespace(name=name, device_type=f"DeviceType.{kind}", device_time_total=us)
+
+    got = family_ms([ev("_moe_lora_expand_kernel", "CUDA", 1500.0),
+                     ev("_moe_lora_expand_kernel", "CUDA", 500.0),
+                     ev("aten::mm", "CPU", 9000.0),  # a CPU op: its kernels are counted once
+                     ev("nvjet_x", "CUDA", 250.0)])
+    assert got == {"MoE-LoRA (loraplex)": 2.0, "dense GEMMs": 0.25}
