@@ -7,9 +7,10 @@ Tuned configs live in ``kernels/configs/moe_lora_<device>.json`` (written by ``k
 
 A layer config holds the block size shared by the four ops, whether the expand launches with
 programmatic dependent launch (``pdl``), whether rows skip the sort (``naive``, one row per block,
-for tiny batches) and one entry per op::
+for tiny batches), whether the sort runs as the parallel two-launch variant (``align_parallel``,
+large batches; absent: false) and one entry per op::
 
-    {"block_m": 16, "pdl": false, "naive": false,
+    {"block_m": 16, "pdl": false, "naive": false, "align_parallel": false,
      "shrink13": {"block_k": 64, "split_k": 8, "num_warps": 4, "num_stages": 3},
      "expand13": {"block_n": 128, "num_warps": 4, "num_stages": 2},
      "shrink2": {...}, "expand2": {...}}
@@ -71,7 +72,8 @@ def default_layer_config(num_tokens: int, top_k: int, num_experts: int, num_slot
 def parse_layer_config(raw: dict) -> dict:
     """JSON layer config → the dict the ops take (``OpConfig`` per op)."""
     out = {"block_m": int(raw["block_m"]), "pdl": bool(raw.get("pdl", False)),
-           "naive": bool(raw.get("naive", False))}
+           "naive": bool(raw.get("naive", False)),
+           "align_parallel": bool(raw.get("align_parallel", False))}
     for op in OPS:
         out[op] = OpConfig(**raw[op])
     return out
@@ -80,7 +82,8 @@ def parse_layer_config(raw: dict) -> dict:
 def dump_layer_config(cfg: dict) -> dict:
     """Inverse of ``parse_layer_config``."""
     out = {"block_m": cfg["block_m"], "pdl": bool(cfg.get("pdl", False)),
-           "naive": bool(cfg.get("naive", False))}
+           "naive": bool(cfg.get("naive", False)),
+           "align_parallel": bool(cfg.get("align_parallel", False))}
     for op in OPS:
         out[op] = asdict(cfg[op])
     return out

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
-from kernels.moe_lora_align import ALIGN_CHUNKS, align_moe_lora
+from kernels.moe_lora_align import ALIGN_CHUNKS, PARALLEL_CHUNK, align_moe_lora
 from kernels.triton_moe_lora import as_slices, moe_lora_expand, moe_lora_shrink, pdl_supported
 from kernels.triton_moe_lora_configs import get_layer_config
 
@@ -44,7 +44,8 @@ class MoELoRAOps:
         self.use_pdl = (pdl_supported(topk_ids) and bool(self.cfg.get("pdl", False))
                         if use_pdl is None else use_pdl)
         self.blocks = align_moe_lora(topk_ids, token_lora, enabled, num_experts,
-                                     int(self.cfg["block_m"]), naive=bool(self.cfg.get("naive")))
+                                     int(self.cfg["block_m"]), naive=bool(self.cfg.get("naive")),
+                                     parallel=bool(self.cfg.get("align_parallel")))
 
     def add_w13(self, y13: torch.Tensor, x: torch.Tensor, a13, b13,
                 scaling: torch.Tensor | None = None, add_inputs: bool = True) -> None:
@@ -74,7 +75,8 @@ def warm_up(
     """Compiles every kernel variant that the layer configs ``[(M, config)]`` can launch, so no
     batch size compiles during serving. Runs each config once at its M on zero inputs (outputs
     go to scratch buffers; the weights are only read), plus the align program at each of its
-    row-chunk sizes. Call outside CUDA-graph capture.
+    row-chunk sizes and the parallel align where a config uses it. Call outside CUDA-graph
+    capture.
     """
     a13, b13 = as_slices(lora_a13), as_slices(lora_b13)
     dev = a13[0].device
@@ -99,3 +101,6 @@ def warm_up(
         for chunk in ALIGN_CHUNKS:
             ids, lora = routing(max(1, chunk // top_k))
             align_moe_lora(ids, lora, enabled, num_experts, bm)
+    for bm in sorted({int(cfg["block_m"]) for _, cfg in configs if cfg.get("align_parallel")}):
+        ids, lora = routing(max(1, PARALLEL_CHUNK // top_k))
+        align_moe_lora(ids, lora, enabled, num_experts, bm, parallel=True)

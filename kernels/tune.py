@@ -1,9 +1,11 @@
 """Tunes the MoE-LoRA Triton ops per batch-size bucket and writes ``kernels/configs/*.json``.
 
-For each M bucket and each block size BM: every shrink config (block_k, split_k, warps, stages)
-is timed, the fastest kept; then every expand config (block_n, warps) on that shrink's partials;
-the BM with the lowest sum over the four ops plus the align wins; last, PDL on/off for the whole
-layer. Times are CUDA-graph replays over distinct layers (weights from HBM), median.
+For each M bucket and each block size BM: the sort (single program, or the parallel two-launch
+variant when the rows span several of its chunks) is timed, the faster kept; every shrink config
+(block_k, split_k, warps, stages) is timed, the fastest kept; then every expand config (block_n,
+warps) on that shrink's partials; the BM with the lowest sum over the four ops plus the sort
+wins; last, PDL on/off for the whole layer. Times are CUDA-graph replays over distinct layers
+(weights from HBM), median.
 
 Run on the GPU machine: ``python -m kernels.tune [--model gpt-oss-20b|qwen3-30b-a3b]
 [--ms 1,2,4,...] [--layers 16] [--out kernels/configs]``; it merges into the device's file.
@@ -22,7 +24,7 @@ import torch
 
 from kernels.cuda_timing import graph_us as _graph_us
 from kernels.cuda_timing import log
-from kernels.moe_lora_align import align_moe_lora
+from kernels.moe_lora_align import PARALLEL_CHUNK, align_moe_lora
 from kernels.triton_moe_lora import moe_lora_expand, moe_lora_shrink
 from kernels.triton_moe_lora_configs import (
     CONFIG_DIR,
@@ -99,10 +101,19 @@ def tune_m(p: Problem, m: int, gen: torch.Generator) -> tuple[dict, dict]:
     best_total, best_cfg, report = float("inf"), None, {}
     for bm, naive in layout_choices(m * K):
         blocks = [align_moe_lora(ids[l], slot, enabled, p.e, bm, naive) for l in range(n)]
-        t_align = 0.0 if naive else graph_us(
-            lambda: [align_moe_lora(ids[l], slot, enabled, p.e, bm) for l in range(n)], n)
-        cfg, total = {"block_m": bm, "pdl": False, "naive": naive}, t_align
         tag = f"bm{bm}{'n' if naive else ''}"
+        t_align, parallel = 0.0, False
+        if not naive:
+            t_align = graph_us(
+                lambda: [align_moe_lora(ids[l], slot, enabled, p.e, bm) for l in range(n)], n)
+            if m * K > PARALLEL_CHUNK:  # several chunks: the two-launch sort may win
+                t_par = graph_us(lambda: [align_moe_lora(ids[l], slot, enabled, p.e, bm,
+                                                         parallel=True) for l in range(n)], n)
+                report[f"{tag}_align_single"], report[f"{tag}_align_parallel"] = t_align, t_par
+                if t_par < t_align:
+                    t_align, parallel = t_par, True
+        cfg = {"block_m": bm, "pdl": False, "naive": naive, "align_parallel": parallel}
+        total = t_align
         for op, xin, a, b, div, yy, w in (("13", x, p.a13, p.b13, K, y13, None),
                                           ("2", hh, p.a2, p.b2, 1, y2, tw)):
             timed = []
@@ -145,7 +156,7 @@ def tune_m(p: Problem, m: int, gen: torch.Generator) -> tuple[dict, dict]:
             out = []
             for l in range(n):
                 blk = align_moe_lora(ids[l], slot, enabled, p.e, best_cfg["block_m"],
-                                     best_cfg["naive"])
+                                     best_cfg["naive"], best_cfg["align_parallel"])
                 pt = moe_lora_shrink(x, p.a13[l], blk, K, best_cfg["shrink13"], use_pdl=pdl)
                 moe_lora_expand(y13, pt, p.b13[l], blk, best_cfg["expand13"], use_pdl=pdl)
                 pt = moe_lora_shrink(hh, p.a2[l], blk, 1, best_cfg["shrink2"], use_pdl=pdl)

@@ -79,11 +79,11 @@ def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def forced_config(block_m: int, split_k: int, block_k: int, block_n: int,
-                  naive: bool = False) -> dict:
+                  naive: bool = False, parallel: bool = False) -> dict:
     shrink = OpConfig(block_k=block_k, split_k=split_k, num_warps=4, num_stages=2)
     expand = OpConfig(block_n=block_n, num_warps=4, num_stages=2)
-    return {"block_m": block_m, "pdl": False, "naive": naive, "shrink13": shrink,
-            "expand13": expand, "shrink2": shrink, "expand2": expand}
+    return {"block_m": block_m, "pdl": False, "naive": naive, "align_parallel": parallel,
+            "shrink13": shrink, "expand13": expand, "shrink2": shrink, "expand2": expand}
 
 
 # float32 inputs: exact-ish in the interpreter, tf32 tensor-core dots on a GPU
@@ -97,6 +97,7 @@ CASES = [
     (21, 56, 40, 4, 2, 3, 64, "silu", forced_config(32, 2, 32, 16)),
     (1, 48, 32, 7, 2, 2, 16, "swigluoai", forced_config(16, 5, 16, 16)),
     (5, 40, 24, 5, 3, 3, 8, "silu", forced_config(16, 2, 16, 16, naive=True)),
+    (300, 40, 24, 5, 4, 3, 8, "silu", forced_config(16, 2, 16, 16, parallel=True)),
 ]
 
 
@@ -256,22 +257,48 @@ def test_warm_up_runs_every_config_and_leaves_weights_alone():
     p = random_moe_lora_problem(3, 40, 24, 5, 2, 3, 8, device=DEV)
     lora = p["lora"]
     before = [w.clone() for w in (lora.w13_a, lora.w13_b, lora.w2_a, lora.w2_b)]
-    configs = [(1, forced_config(16, 2, 16, 16, naive=True)), (6, forced_config(32, 1, 32, 32))]
+    configs = [(1, forced_config(16, 2, 16, 16, naive=True)), (6, forced_config(32, 1, 32, 32)),
+               (9, forced_config(16, 1, 32, 32, parallel=True))]
     warm_up(lora.w13_a, lora.w13_b, lora.w2_a, lora.w2_b, 5, 2, configs)
     for w, b in zip((lora.w13_a, lora.w13_b, lora.w2_a, lora.w2_b), before):
         assert torch.equal(w, b)
 
 
+@pytest.mark.parametrize("parallel", [False, True])
 @pytest.mark.parametrize("num_tokens", [5, 6, 7, 37, 38, 401])
-def test_block_tables_start_on_16_byte_boundaries(num_tokens):
+def test_block_tables_start_on_16_byte_boundaries(num_tokens, parallel):
     """Triton specialises pointers on 16-byte alignment: the block tables must be aligned for
     every batch size, or each new M compiles a new kernel variant while serving."""
     if not TRITON_OK:
         pytest.skip("Triton cannot run in this process")
     ids = torch.zeros(num_tokens, 3, dtype=torch.int32, device=DEV)
     blocks = align_moe_lora(ids, torch.zeros(num_tokens, dtype=torch.int32, device=DEV),
-                            torch.ones(4, dtype=torch.int32, device=DEV), 6, 16)
+                            torch.ones(4, dtype=torch.int32, device=DEV), 6, 16, parallel=parallel)
     for t in (blocks.sorted_rows, blocks.block_pair, blocks.block_nrows, blocks.num_blocks):
         assert t.data_ptr() % 16 == 0
     assert blocks.block_pair.numel() == blocks.block_nrows.numel() == blocks.max_blocks
     assert blocks.sorted_rows.numel() == blocks.max_blocks * 16
+
+
+@pytest.mark.parametrize("num_tokens,top_k,bm", [(1, 2, 16), (300, 3, 16), (700, 4, 32),
+                                                 (517, 8, 64)])
+def test_parallel_align_builds_the_same_blocks(num_tokens, top_k, bm):
+    """The two-launch align (several chunks when rows > PARALLEL_CHUNK) gives the single
+    program's blocks: same count, same pair and row count per block, same rows per block."""
+    if not TRITON_OK:
+        pytest.skip("Triton cannot run in this process")
+    gen = torch.Generator().manual_seed(int(torch.randint(0, 2**30, ()).item()))
+    e, n_slots = 9, 5
+    ids = torch.stack([torch.randperm(e, generator=gen)[:top_k] for _ in range(num_tokens)])
+    ids[::7, 0] = -1  # experts that are not local
+    lora = torch.randint(-1, n_slots, (num_tokens,), generator=gen, dtype=torch.int32)
+    enabled = torch.tensor([1, 1, 0, 1, 1], dtype=torch.int32)
+    args = (ids.to(torch.int32).to(DEV), lora.to(DEV), enabled.to(DEV), e, bm)
+    one, par = align_moe_lora(*args), align_moe_lora(*args, parallel=True)
+    nb = int(one.num_blocks[0])
+    assert nb == int(par.num_blocks[0]) and par.max_blocks == one.max_blocks
+    assert torch.equal(one.block_pair[:nb].cpu(), par.block_pair[:nb].cpu())
+    assert torch.equal(one.block_nrows[:nb].cpu(), par.block_nrows[:nb].cpu())
+    for b, n in enumerate(one.block_nrows[:nb].cpu().tolist()):
+        got = sorted(par.sorted_rows[b * bm : b * bm + n].cpu().tolist())
+        assert got == sorted(one.sorted_rows[b * bm : b * bm + n].cpu().tolist())
