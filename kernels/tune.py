@@ -64,7 +64,9 @@ def layout_choices(rows: int) -> list[tuple[int, bool]]:
         return [(16, False)]
     if rows <= 2048:
         return [(16, False), (32, False), (64, False)]
-    return [(32, False), (64, False)]
+    if rows <= 8192:
+        return [(32, False), (64, False)]
+    return [(32, False), (64, False), (128, False)]
 
 
 class Problem:
@@ -119,6 +121,8 @@ def tune_m(p: Problem, m: int, gen: torch.Generator) -> tuple[dict, dict]:
             timed = []
             for c in space(SHRINK_SPACE):
                 if c.split_k > 1 and c.split_k * c.block_k > xin.shape[1]:
+                    continue
+                if c.split_k > 2 and m * K > 8192:  # blocks enough to fill the GPU already
                     continue
                 try:
                     us = graph_us(lambda: [moe_lora_shrink(xin, a[l], blocks[l], div, c)
