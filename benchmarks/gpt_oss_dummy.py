@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 from pathlib import Path
 
 GPT_OSS_20B_CONFIG = {
@@ -130,3 +131,30 @@ def in_process_engine_env() -> None:
     """The engine core and worker in this process (so the patches above and a kernel switch
     reach them); call before importing vLLM's engine."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+
+
+def lora_engine(model_dir: str | Path, num_adapters: int, rank: int, *, eager: bool,
+                max_model_len: int):
+    """vLLM's offline ``LLM`` on the dummy model with LoRA on (``max_loras`` = adapters, no
+    prefix caching, 8192 tokens per step); call ``in_process_engine_env`` first."""
+    from vllm import LLM
+
+    return LLM(model=str(model_dir), load_format="dummy", skip_tokenizer_init=True,
+               dtype="bfloat16", enforce_eager=eager, enable_lora=True, max_loras=num_adapters,
+               max_lora_rank=rank, max_cpu_loras=num_adapters, max_model_len=max_model_len,
+               max_num_seqs=64, max_num_batched_tokens=8192, enable_prefix_caching=False,
+               gpu_memory_utilization=0.85, seed=0)
+
+
+def random_prompts(count: int, length: int, seed: int = 0) -> list[list[int]]:
+    """``count`` prompts of ``length`` random token ids (no tokenizer needed)."""
+    rng = random.Random(seed)
+    return [[rng.randrange(1000, 200000) for _ in range(length)] for _ in range(count)]
+
+
+def adapter_requests(paths: list[Path], count: int) -> list:
+    """``count`` LoRA requests, request i on adapter ``i % len(paths)``."""
+    from vllm.lora.request import LoRARequest
+
+    return [LoRARequest(f"a{i % len(paths)}", i % len(paths) + 1, str(paths[i % len(paths)]))
+            for i in range(count)]

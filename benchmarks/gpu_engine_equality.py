@@ -25,11 +25,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import statistics
 import time
 
-from benchmarks.gpt_oss_dummy import (in_process_engine_env, use_balanced_dummy_weights,
+from benchmarks.gpt_oss_dummy import (adapter_requests, in_process_engine_env, lora_engine,
+                                      random_prompts, use_balanced_dummy_weights,
                                       write_adapters, write_model_dir)
 from kernels.vllm_plugin import SWITCH_ENV
 
@@ -102,9 +102,6 @@ def main() -> None:
     args = ap.parse_args()
 
     in_process_engine_env()
-    from vllm import LLM
-    from vllm.lora.request import LoRARequest
-
     from kernels import vllm_cuda, vllm_cuda_mxfp4
 
     use_balanced_dummy_weights()
@@ -115,16 +112,9 @@ def main() -> None:
     os.environ[SWITCH_ENV] = "0"  # the plugin leaves vLLM stock; this script switches
     if args.mxfp4:  # both passes on the same base GEMMs: the plugin's MXFP4 backend choice
         vllm_cuda_mxfp4.install()
-    llm = LLM(model=str(model), load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
-              enforce_eager=True, enable_lora=True, max_loras=args.adapters,
-              max_lora_rank=args.rank, max_cpu_loras=args.adapters, max_model_len=2048,
-              max_num_seqs=64, max_num_batched_tokens=8192, enable_prefix_caching=False,
-              gpu_memory_utilization=0.85, seed=0)
-    rng = random.Random(0)
-    prompts = [[rng.randrange(1000, 200000) for _ in range(args.prompt_len)]
-               for _ in range(args.prompts)]
-    loras = [LoRARequest(f"a{i % args.adapters}", i % args.adapters + 1, str(paths[i % args.adapters]))
-             for i in range(args.prompts)]
+    llm = lora_engine(model, args.adapters, args.rank, eager=True, max_model_len=2048)
+    prompts = random_prompts(args.prompts, args.prompt_len)
+    loras = adapter_requests(paths, args.prompts)
     passes = {}
     for name, ours, lora in (("stock", False, loras), ("loraplex", True, loras),
                              ("stock again", False, loras), ("base", False, None)):

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import re
 import time
 from collections import defaultdict
 
-from benchmarks.gpt_oss_dummy import (in_process_engine_env, use_balanced_dummy_weights,
+from benchmarks.gpt_oss_dummy import (adapter_requests, in_process_engine_env, lora_engine,
+                                      random_prompts, use_balanced_dummy_weights,
                                       write_adapters, write_model_dir)
 
 # (family, pattern on the kernel name), first match wins
@@ -83,22 +83,12 @@ def main() -> None:
     args = ap.parse_args()
 
     in_process_engine_env()
-    from vllm import LLM
-    from vllm.lora.request import LoRARequest
-
     use_balanced_dummy_weights()
     model = write_model_dir(args.workdir, args.mxfp4)
     paths = write_adapters(f"{args.workdir}/adapters", args.adapters, 32, 0.002)
-    llm = LLM(model=str(model), load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
-              enable_lora=True, max_loras=args.adapters, max_lora_rank=32,
-              max_cpu_loras=args.adapters, max_model_len=4096, max_num_seqs=64,
-              max_num_batched_tokens=8192, enable_prefix_caching=False,
-              gpu_memory_utilization=0.85, seed=0)
-    rng = random.Random(0)
-    prompts = [[rng.randrange(1000, 200000) for _ in range(args.prompt_len)]
-               for _ in range(args.prompts)]
-    loras = [LoRARequest(f"a{i % args.adapters}", i % args.adapters + 1,
-                         str(paths[i % args.adapters])) for i in range(args.prompts)]
+    llm = lora_engine(model, args.adapters, 32, eager=False, max_model_len=4096)
+    prompts = random_prompts(args.prompts, args.prompt_len)
+    loras = adapter_requests(paths, args.prompts)
     for lr in (loras, None):  # warm: adapters resident, every kernel compiled
         profile_pass(llm, prompts, lr)
     with_ad, wall_with = profile_pass(llm, prompts, loras)
