@@ -158,3 +158,13 @@ def adapter_requests(paths: list[Path], count: int) -> list:
 
     return [LoRARequest(f"a{i % len(paths)}", i % len(paths) + 1, str(paths[i % len(paths)]))
             for i in range(count)]
+
+
+def add_run_args(ap, *, adapters: int, prompt_len: int) -> None:
+    """The options every GPU script on this model takes (``argparse`` parser ``ap``)."""
+    ap.add_argument("--mxfp4", action="store_true", help="MXFP4 experts (as released)")
+    ap.add_argument("--adapters", type=int, default=adapters)
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--prompt-len", type=int, default=prompt_len)
+    ap.add_argument("--workdir", default="/tmp/loraplex-gpu")
+    ap.add_argument("--json", default=None)

@@ -28,7 +28,7 @@ import os
 import statistics
 import time
 
-from benchmarks.gpt_oss_dummy import (adapter_requests, in_process_engine_env, lora_engine,
+from benchmarks.gpt_oss_dummy import (adapter_requests, add_run_args, in_process_engine_env, lora_engine,
                                       random_prompts, use_balanced_dummy_weights,
                                       write_adapters, write_model_dir)
 from kernels.vllm_plugin import SWITCH_ENV
@@ -88,17 +88,12 @@ def compare(a: dict, b: dict) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--mxfp4", action="store_true", help="MXFP4 experts (as released)")
-    ap.add_argument("--adapters", type=int, default=4)
+    add_run_args(ap, adapters=4, prompt_len=512)
     ap.add_argument("--rank", type=int, default=32)
     ap.add_argument("--adapter-scale", type=float, default=0.01,
                     help="std of the random LoRA weights (0.01: an adapter moves log-probs by "
                          "about as much as the base layers do)")
-    ap.add_argument("--prompts", type=int, default=16)
-    ap.add_argument("--prompt-len", type=int, default=512)
     ap.add_argument("--new-tokens", type=int, default=48)
-    ap.add_argument("--workdir", default="/tmp/loraplex-gpu")
-    ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
     in_process_engine_env()

@@ -22,7 +22,7 @@ import re
 import time
 from collections import defaultdict
 
-from benchmarks.gpt_oss_dummy import (adapter_requests, in_process_engine_env, lora_engine,
+from benchmarks.gpt_oss_dummy import (adapter_requests, add_run_args, in_process_engine_env, lora_engine,
                                       random_prompts, use_balanced_dummy_weights,
                                       write_adapters, write_model_dir)
 
@@ -74,12 +74,7 @@ def profile_pass(llm, prompts, loras) -> tuple[dict[str, float], float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--mxfp4", action="store_true")
-    ap.add_argument("--adapters", type=int, default=8)
-    ap.add_argument("--prompts", type=int, default=16)
-    ap.add_argument("--prompt-len", type=int, default=1600)
-    ap.add_argument("--workdir", default="/tmp/loraplex-gpu")
-    ap.add_argument("--json", default=None)
+    add_run_args(ap, adapters=8, prompt_len=1600)
     args = ap.parse_args()
 
     in_process_engine_env()
