@@ -28,8 +28,8 @@ import os
 import statistics
 import time
 
-from benchmarks.gpt_oss_dummy import (adapter_requests, add_run_args, in_process_engine_env, lora_engine,
-                                      random_prompts, use_balanced_dummy_weights,
+from benchmarks.gpt_oss_dummy import (adapter_requests, add_run_args, in_process_engine_env,
+                                      lora_engine, random_prompts, use_balanced_dummy_weights,
                                       write_adapters, write_model_dir)
 from kernels.vllm_plugin import SWITCH_ENV
 

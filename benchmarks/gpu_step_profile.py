@@ -22,8 +22,8 @@ import re
 import time
 from collections import defaultdict
 
-from benchmarks.gpt_oss_dummy import (adapter_requests, add_run_args, in_process_engine_env, lora_engine,
-                                      random_prompts, use_balanced_dummy_weights,
+from benchmarks.gpt_oss_dummy import (adapter_requests, add_run_args, in_process_engine_env,
+                                      lora_engine, random_prompts, use_balanced_dummy_weights,
                                       write_adapters, write_model_dir)
 
 # (family, pattern on the kernel name), first match wins
