@@ -25,6 +25,7 @@ WARM_UP_MS = (1, 4, 16, 64, 256, 1024, 4096)
 OUR_KERNELS = ("_moe_lora_shrink_kernel", "_moe_lora_expand_kernel", "_moe_lora_align_kernel")
 COMPILES_DURING_SERVING: list[str] = []
 _warmed: set[tuple] = set()
+_done_contexts: set[int] = set()  # ids of the layers' LoRA contexts whose shape is warmed up
 _watching = False
 _warming = False
 
@@ -41,13 +42,18 @@ def vllm_logger() -> logging.Logger:
 def warm_up_layer(ctx, top_k: int) -> None:
     """Compiles every kernel variant the tuned (or default) configs of this layer shape can
     launch; once per shape and process, never during CUDA-graph capture."""
+    if id(ctx) in _done_contexts:  # the per-step path: one set lookup
+        return
     from kernels.triton_moe_lora_configs import get_layer_config, tuned_layer_configs
     from kernels.triton_moe_lora_ops import warm_up
 
     a13 = ctx.w13_lora_a_stacked
     key = (tuple(a13[0].shape), len(a13), tuple(ctx.w2_lora_a_stacked[0].shape), top_k,
            a13[0].dtype, a13[0].device)
-    if key in _warmed or (a13[0].is_cuda and torch.cuda.is_current_stream_capturing()):
+    if key in _warmed:
+        _done_contexts.add(id(ctx))
+        return
+    if a13[0].is_cuda and torch.cuda.is_current_stream_capturing():
         return
     shape = dict(hidden=a13[0].shape[-1], intermediate=ctx.w2_lora_a_stacked[0].shape[-1],
                  num_experts=ctx.local_num_experts, top_k=top_k, rank=a13[0].shape[-2],
@@ -62,10 +68,11 @@ def warm_up_layer(ctx, top_k: int) -> None:
     finally:
         _warming = False
     _warmed.add(key)
+    _done_contexts.add(id(ctx))
     if a13[0].is_cuda:
         torch.cuda.empty_cache()
     vllm_logger().info("MoE-LoRA kernels compiled for %d batch-size buckets (%s)", len(configs),
-                ", ".join(str(m) for m, _ in configs))
+                       ", ".join(str(m) for m, _ in configs))
 
 
 def watch_compiles() -> None:

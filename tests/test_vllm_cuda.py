@@ -153,6 +153,7 @@ def test_patched_methods_compute_the_lora_deltas(monkeypatch):
     monkeypatch.setattr(vllm_cuda, "_ours_applies", lambda c, x, em: True)
     monkeypatch.setattr(vllm_cuda_warmup, "WARM_UP_MS", (1, 3))
     monkeypatch.setattr(vllm_cuda_warmup, "_warmed", set())
+    monkeypatch.setattr(vllm_cuda_warmup, "_done_contexts", set())
     ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)]).to(torch.int32)
     ids = ids.to(dev)
     tw = torch.softmax(rnd(T, K), -1)
@@ -181,6 +182,7 @@ def test_patched_methods_compute_the_lora_deltas(monkeypatch):
     assert mapped == [pw] and len(vllm_cuda_warmup._warmed) == 1
     # without that hook, the first call warms up even when its batch has no adapter
     vllm_cuda_warmup._warmed.clear()
+    vllm_cuda_warmup._done_contexts.clear()
     no_lora[0] = True
     skipped = vllm_cuda._apply_w13_lora(None, ctx, y=y13, x=x, topk_ids=ids, topk_weights=tw,
                                         expert_map=None, w1=None, w2=None, num_tokens=T,
