@@ -38,12 +38,11 @@ RUN_SWITCH = {"base": None, "loraplex": "1", "stock": "0"}
 def prepare(model: str, workdir: Path) -> dict:
     """Model folder, adapter folders and engine arguments of ``model`` (done once, in the parent)."""
     if model.startswith("gptoss"):
-        from benchmarks.gpt_oss_dummy import write_adapters, write_model_dir
+        from benchmarks.gpt_oss_dummy import ENGINE_ARGS, write_adapters, write_model_dir
 
         model_dir = write_model_dir(workdir, mxfp4=model.endswith("mxfp4"))
         adapters = write_adapters(workdir / "adapters", 8, 32, 0.002)
-        engine = dict(load_format="dummy", dtype="bfloat16", max_model_len=4096, max_num_seqs=64,
-                      max_num_batched_tokens=8192, gpu_memory_utilization=0.85,
+        engine = dict(ENGINE_ARGS, max_model_len=4096,
                       compilation_config={"max_cudagraph_capture_size": 64})
         return {"model": str(model_dir), "adapters": [str(a) for a in adapters], "rank": 32,
                 "engine": engine, "balanced_dummy": True, "vocab": (1000, 200000)}

@@ -48,6 +48,11 @@ MXFP4_QUANTIZATION = {
 }
 
 
+# engine settings every GPU run on this model shares (random weights, bf16 activations)
+ENGINE_ARGS = dict(load_format="dummy", dtype="bfloat16", max_num_seqs=64,
+                   max_num_batched_tokens=8192, gpu_memory_utilization=0.85)
+
+
 def write_model_dir(root: str | Path, mxfp4: bool) -> Path:
     """``<root>/gpt-oss-20b-shape[-mxfp4]/config.json``; returns the folder."""
     cfg = dict(GPT_OSS_20B_CONFIG)
@@ -139,11 +144,10 @@ def lora_engine(model_dir: str | Path, num_adapters: int, rank: int, *, eager: b
     prefix caching, 8192 tokens per step); call ``in_process_engine_env`` first."""
     from vllm import LLM
 
-    return LLM(model=str(model_dir), load_format="dummy", skip_tokenizer_init=True,
-               dtype="bfloat16", enforce_eager=eager, enable_lora=True, max_loras=num_adapters,
-               max_lora_rank=rank, max_cpu_loras=num_adapters, max_model_len=max_model_len,
-               max_num_seqs=64, max_num_batched_tokens=8192, enable_prefix_caching=False,
-               gpu_memory_utilization=0.85, seed=0)
+    return LLM(model=str(model_dir), skip_tokenizer_init=True, enforce_eager=eager,
+               enable_lora=True, max_loras=num_adapters, max_lora_rank=rank,
+               max_cpu_loras=num_adapters, max_model_len=max_model_len,
+               enable_prefix_caching=False, seed=0, **ENGINE_ARGS)
 
 
 def random_prompts(count: int, length: int, seed: int = 0) -> list[list[int]]:
