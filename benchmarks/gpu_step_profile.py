@@ -1,14 +1,19 @@
-"""Where a prefill step's time goes with adapters: CUDA kernel time per family, on a GPU.
+"""Where a step's time goes with adapters: CUDA kernel time per family and per kernel, on a GPU.
 
 One vLLM 0.24 engine in this process, as served (torch.compile, CUDA graphs, loraplex's plugin
 as the environment switches it), GPT-OSS-20B shape with balanced random weights
 (``benchmarks.gpt_oss_dummy``; ``--mxfp4`` for MXFP4 experts), LoRA enabled with ``--adapters``
-rank-32 adapters on attention + experts. The same prompts (``--prompts`` × ``--prompt-len``
-tokens, one output token: prefill steps of up to ``max_num_batched_tokens`` tokens, beyond the
-CUDA-graph sizes, so every kernel is visible to the profiler) run twice under
-``torch.profiler``: every request with an adapter, then none. Kernels are grouped into families
-(``kernel_family``); the table gives milliseconds of kernel time per family for both passes and
-the difference, i.e. what the adapters add to the step and which part of the stack adds it.
+rank-32 adapters on attention + experts. Two workloads, each run under ``torch.profiler`` with
+every request on an adapter, then on none:
+
+- *prefill*: ``--prompts`` prompts of ``--prompt-len`` tokens, one per step (the step a new
+  request brings while serving; beyond the CUDA-graph sizes, so torch.compile's graphs run
+  eagerly);
+- *decode*: ``--prompts`` requests of 32 tokens decoding ``--decode-steps`` tokens together
+  (CUDA graphs; the profiler sees the kernels inside them).
+
+Tables: milliseconds of kernel time per step per family (``kernel_family``) with and without
+adapters and the difference, the wall time per step, and the kernels that add the most.
 
 Run on the GPU machine (vLLM 0.24 importable, repository root on ``PYTHONPATH``):
 ``python -m benchmarks.gpu_step_profile [--mxfp4] [--json out.json]``
@@ -47,34 +52,82 @@ def kernel_family(name: str) -> str:
     return "other"
 
 
-def family_ms(events) -> dict[str, float]:
-    """Milliseconds of kernel time per family over ``torch.profiler`` events: only device-side
-    events (the kernels themselves; CPU ops' totals would count their kernels again)."""
-    out: dict[str, float] = defaultdict(float)
+def kernel_ms(events) -> dict[str, tuple[float, int]]:
+    """Milliseconds and launches per CUDA kernel name over ``torch.profiler`` events: only
+    device-side events (the kernels themselves; CPU ops' totals would count their kernels
+    again)."""
+    out: dict[str, list] = defaultdict(lambda: [0.0, 0])
     for ev in events:
         if str(getattr(ev, "device_type", "")).endswith("CUDA"):
-            out[kernel_family(ev.name)] += (ev.device_time_total or 0.0) / 1e3
+            out[ev.name][0] += (ev.device_time_total or 0.0) / 1e3
+            out[ev.name][1] += 1
+    return {k: (v[0], v[1]) for k, v in out.items()}
+
+
+def family_ms(events) -> dict[str, float]:
+    """Milliseconds of kernel time per family (``kernel_family``) over ``torch.profiler``
+    events."""
+    out: dict[str, float] = defaultdict(float)
+    for name, (ms, _) in kernel_ms(events).items():
+        out[kernel_family(name)] += ms
     return dict(out)
 
 
-def profile_pass(llm, prompts, loras) -> tuple[dict[str, float], float]:
+def profile_pass(llm, batches, max_tokens: int, loras: bool, paths) -> tuple[dict, float]:
+    """Runs ``batches`` (lists of prompts, one ``generate`` call each; request i of batch b on
+    adapter (b + i) % adapters when ``loras``) under the profiler; (per-kernel ms, wall ms)."""
     import torch
     from vllm import SamplingParams
 
-    sp = SamplingParams(max_tokens=1, temperature=0.0)
-    reqs = [{"prompt_token_ids": p} for p in prompts]
+    sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         t0 = time.perf_counter()
-        llm.generate(reqs, sp, lora_request=loras, use_tqdm=False)
+        for b, prompts in enumerate(batches):  # batch b starts on adapter b (rotates)
+            lr = adapter_requests(paths, b + len(prompts))[b:] if loras else None
+            llm.generate([{"prompt_token_ids": p} for p in prompts], sp, lora_request=lr,
+                         use_tqdm=False)
         torch.cuda.synchronize()
         wall = time.perf_counter() - t0
-    return family_ms(prof.events()), wall * 1e3
+    return kernel_ms(prof.events()), wall * 1e3
+
+
+def print_tables(title: str, steps: int, with_k: dict, without_k: dict, walls, top: int) -> dict:
+    """Family table and the ``top`` kernels by added time, in ms per step; returns the figures."""
+    fam_with, fam_without = defaultdict(float), defaultdict(float)
+    for src, dst in ((with_k, fam_with), (without_k, fam_without)):
+        for name, (ms, _) in src.items():
+            dst[kernel_family(name)] += ms / steps
+    print(f"\n{title}; ms per step ({steps} steps)")
+    print("| family | with adapters | without | added |")
+    print("|---|---|---|---|")
+    for f in sorted(set(fam_with) | set(fam_without), key=lambda f: -fam_with.get(f, 0.0)):
+        a, b = fam_with.get(f, 0.0), fam_without.get(f, 0.0)
+        print(f"| {f} | {a:.3f} | {b:.3f} | {a - b:+.3f} |")
+    ta, tb = sum(fam_with.values()), sum(fam_without.values())
+    wa, wb = walls[0] / steps, walls[1] / steps
+    print(f"| all kernels | {ta:.3f} | {tb:.3f} | {ta - tb:+.3f} |")
+    print(f"| wall time | {wa:.3f} | {wb:.3f} | {wa - wb:+.3f} |")
+    added = {n: with_k.get(n, (0.0, 0))[0] - without_k.get(n, (0.0, 0))[0]
+             for n in set(with_k) | set(without_k)}
+    print(f"\ntop {top} kernels by time added per step (launches per step with / without)")
+    print("| kernel | with | without | added | launches |")
+    print("|---|---|---|---|---|")
+    for n in sorted(added, key=lambda n: -abs(added[n]))[:top]:
+        a, b = with_k.get(n, (0.0, 0)), without_k.get(n, (0.0, 0))
+        print(f"| `{n[:90]}` | {a[0] / steps:.3f} | {b[0] / steps:.3f} | "
+              f"{added[n] / steps:+.3f} | {a[1] / steps:.1f} / {b[1] / steps:.1f} |")
+    return {"steps": steps, "families_with": dict(fam_with), "families_without":
+            dict(fam_without), "wall_ms_per_step": [wa, wb],
+            "kernels_with": with_k, "kernels_without": without_k}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_run_args(ap, adapters=8, prompt_len=1600)
+    ap.add_argument("--decode-steps", type=int, default=128,
+                    help="decode phase: --prompts requests of 32 tokens, this many new tokens")
+    ap.add_argument("--top", type=int, default=12)
     args = ap.parse_args()
 
     in_process_engine_env()
@@ -82,30 +135,27 @@ def main() -> None:
     model = write_model_dir(args.workdir, args.mxfp4)
     paths = write_adapters(f"{args.workdir}/adapters", args.adapters, 32, 0.002)
     llm = lora_engine(model, args.adapters, 32, eager=False, max_model_len=4096)
-    prompts = random_prompts(args.prompts, args.prompt_len)
-    loras = adapter_requests(paths, args.prompts)
-    for lr in (loras, None):  # warm: adapters resident, every kernel compiled
-        profile_pass(llm, prompts, lr)
-    with_ad, wall_with = profile_pass(llm, prompts, loras)
-    without, wall_without = profile_pass(llm, prompts, None)
-
-    names = sorted(set(with_ad) | set(without), key=lambda f: -with_ad.get(f, 0.0))
-    tokens = args.prompts * args.prompt_len
-    print(f"\nGPT-OSS-20B shape, {'MXFP4' if args.mxfp4 else 'bf16'} experts, {tokens} prompt "
-          f"tokens in steps of <= 8192, {args.adapters} adapters r32; kernel ms per pass")
-    print("| family | with adapters | without | added |")
-    print("|---|---|---|---|")
-    for f in names:
-        a, b = with_ad.get(f, 0.0), without.get(f, 0.0)
-        print(f"| {f} | {a:.2f} | {b:.2f} | {a - b:+.2f} |")
-    ta, tb = sum(with_ad.values()), sum(without.values())
-    print(f"| all kernels | {ta:.2f} | {tb:.2f} | {ta - tb:+.2f} |")
-    print(f"| wall time of the pass | {wall_with:.2f} | {wall_without:.2f} | "
-          f"{wall_with - wall_without:+.2f} |")
+    label = f"GPT-OSS-20B shape, {'MXFP4' if args.mxfp4 else 'bf16'} experts, {args.adapters} " \
+            f"adapters r32"
+    # prefill: one prompt per step (the step a new request brings while serving)
+    prefill = [[p] for p in random_prompts(args.prompts, args.prompt_len)]
+    decode = [random_prompts(args.prompts, 32, seed=1)]
+    report = {"args": vars(args)}
+    for name, batches, max_tokens, steps in (
+            ("prefill", prefill, 1, len(prefill)),
+            ("decode", decode, args.decode_steps + 1, args.decode_steps)):
+        for lr in (True, False):  # warm: adapters resident, every kernel compiled
+            profile_pass(llm, batches, max_tokens, lr, paths)
+        with_k, wall_with = profile_pass(llm, batches, max_tokens, True, paths)
+        without_k, wall_without = profile_pass(llm, batches, max_tokens, False, paths)
+        title = (f"{label}: prefill, one {args.prompt_len}-token prompt per step" if
+                 name == "prefill" else
+                 f"{label}: decode, {args.prompts} requests (+ one small prefill step)")
+        report[name] = print_tables(title, steps, with_k, without_k, (wall_with, wall_without),
+                                    args.top)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "with_adapters_ms": with_ad, "without_ms": without,
-                       "wall_ms": {"with": wall_with, "without": wall_without}}, f, indent=1)
+            json.dump(report, f, indent=1)
 
 
 if __name__ == "__main__":
