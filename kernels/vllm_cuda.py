@@ -15,8 +15,9 @@ nothing is copied. vLLM folds the LoRA scaling into B, so no scale is applied he
 comes from ``adapter_enabled`` (0 for an adapter without expert LoRA: its rows are skipped).
 
 ``install`` also warms the kernels up when vLLM sets up each MoE layer's LoRA
-(``kernels.vllm_cuda_warmup``) and, for MXFP4 experts, keeps vLLM's Triton MXFP4 GEMMs instead
-of its fallback to Marlin under LoRA (``kernels.vllm_cuda_mxfp4``).
+(``kernels.vllm_cuda_warmup``), for MXFP4 experts keeps vLLM's Triton MXFP4 GEMMs instead of its
+fallback to Marlin under LoRA (``kernels.vllm_cuda_mxfp4``), and runs the dense (attention)
+LoRA through loraplex's ops too (``kernels.vllm_cuda_dense``).
 
 Cases vLLM's own path keeps (the original methods are called): expert parallelism
 (``expert_map`` or a per-rank token map), fully sharded LoRA, tensor parallelism > 1, and
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels import vllm_cuda_mxfp4
+from kernels import vllm_cuda_dense, vllm_cuda_mxfp4
 from kernels.vllm_cuda_warmup import vllm_logger, warm_up_layer, watch_compiles
 SUPPORTED_PREFIX = "0.24."
 _SKIP = object()  # gate_up found no LoRA token: down skips too
@@ -136,6 +137,7 @@ def install() -> None:
     LoRAExpertsMixin.apply_w2_lora = _apply_w2_lora
     FusedMoEWithLoRA.set_mapping = _set_mapping
     vllm_cuda_mxfp4.install()
+    vllm_cuda_dense.install()
     watch_compiles()
     vllm_logger().info("MoE-LoRA Triton ops (loraplex) installed for vLLM %s", vllm.__version__)
 
@@ -151,3 +153,4 @@ def uninstall() -> None:
     LoRAExpertsMixin.apply_w2_lora = _originals.pop("apply_w2_lora")
     FusedMoEWithLoRA.set_mapping = _originals.pop("set_mapping")
     vllm_cuda_mxfp4.uninstall()
+    vllm_cuda_dense.uninstall()

@@ -17,14 +17,17 @@ Logs go to the ``vllm.loraplex`` logger so that they appear in vLLM's own log ou
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import torch
 
 WARM_UP_MS = (1, 4, 16, 64, 256, 1024, 4096)
-OUR_KERNELS = ("_moe_lora_shrink_kernel", "_moe_lora_expand_kernel", "_moe_lora_align_kernel")
+OUR_KERNELS = ("_moe_lora_shrink_kernel", "_moe_lora_expand_kernel", "_moe_lora_align_kernel",
+               "_dense_lora_shrink_kernel", "_dense_lora_expand_kernel")
 COMPILES_DURING_SERVING: list[str] = []
 _warmed: set[tuple] = set()
+_done: list[bool] = []  # a warm-up has finished in this process
 _done_contexts: set[int] = set()  # ids of the layers' LoRA contexts whose shape is warmed up
 _watching = False
 _warming = False
@@ -60,19 +63,27 @@ def warm_up_layer(ctx, top_k: int) -> None:
                  num_slots=ctx.max_loras, device=a13[0].device)
     configs = tuned_layer_configs(**shape) or [(m, get_layer_config(m, **shape))
                                                for m in WARM_UP_MS]
-    global _warming
-    _warming = True
-    try:
+    with compiling_on_purpose():
         warm_up(a13, ctx.w13_lora_b_stacked, ctx.w2_lora_a_stacked[0], ctx.w2_lora_b_stacked[0],
                 ctx.local_num_experts, top_k, configs)
-    finally:
-        _warming = False
     _warmed.add(key)
     _done_contexts.add(id(ctx))
     if a13[0].is_cuda:
         torch.cuda.empty_cache()
     vllm_logger().info("MoE-LoRA kernels compiled for %d batch-size buckets (%s)", len(configs),
                        ", ".join(str(m) for m, _ in configs))
+
+
+@contextlib.contextmanager
+def compiling_on_purpose():
+    """A warm-up's compiles: not reported by the watcher; afterwards any compile is."""
+    global _warming
+    _warming = True
+    try:
+        yield
+    finally:
+        _warming = False
+        _done.append(True)
 
 
 def watch_compiles() -> None:
@@ -88,7 +99,7 @@ def watch_compiles() -> None:
 
     def on_compile(**kwargs):
         name = getattr(kwargs.get("fn"), "name", "")
-        if _warmed and not _warming and name.rsplit(".", 1)[-1] in OUR_KERNELS:
+        if (_warmed or _done) and not _warming and name.rsplit(".", 1)[-1] in OUR_KERNELS:
             COMPILES_DURING_SERVING.append(name)
             vllm_logger().warning("MoE-LoRA kernel %s compiled after the warm-up (key %s): the "
                            "engine stalls while it compiles", name, kwargs.get("key"))

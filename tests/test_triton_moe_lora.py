@@ -14,19 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
-HAS_CUDA = torch.cuda.is_available()
-# Without CUDA the kernels run in the Triton interpreter, which needs TRITON_INTERPRET=1 before
-# triton is first imported in the process (its standard library is decorated then) and while
-# kernels run. Here it is set for this module's import and, through the fixture below, for each
-# test, and restored after, so other tests never see it. When triton was imported earlier in this
-# process without it (another test imported vLLM), the in-process tests skip and
-# ``test_interpreter_suite_in_fresh_process`` runs them in a fresh interpreter process instead.
-IN_PROCESS_OK = (HAS_CUDA or "triton" not in sys.modules
-                 or os.environ.get("TRITON_INTERPRET") == "1")
-_saved = os.environ.get("TRITON_INTERPRET")
-if not HAS_CUDA and IN_PROCESS_OK:
-    os.environ["TRITON_INTERPRET"] = "1"
-try:
+from tests.triton_interpret import (HAS_CUDA, in_process_ok, interpreter_unless_cuda,
+                                    interpreter_when_no_gpu, rel_err)
+
+IN_PROCESS_OK = in_process_ok()
+with interpreter_unless_cuda():
     triton = pytest.importorskip("triton")
     from kernels.moe_lora_align import align_moe_lora, max_num_blocks
     from kernels.reference import MoELoRAWeights, moe_lora_reference, random_moe_lora_problem
@@ -48,34 +40,22 @@ try:
             return False
 
     TRITON_OK = _triton_runs()
-finally:
-    if _saved is None:
-        os.environ.pop("TRITON_INTERPRET", None)
-    else:
-        os.environ["TRITON_INTERPRET"] = _saved
 
 needs_triton = pytest.mark.skipif(not TRITON_OK, reason="Triton cannot run in this process")
-
-
-@pytest.fixture(autouse=True)
-def _interpreter_when_no_gpu(monkeypatch):
-    if not HAS_CUDA:
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
+pytestmark = pytest.mark.usefixtures("interpreter_when_no_gpu")
+_ = interpreter_when_no_gpu  # the fixture, used through pytestmark
 
 
 @pytest.mark.skipif(IN_PROCESS_OK, reason="the tests run in this process")
 def test_interpreter_suite_in_fresh_process():
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    files = [str(Path(__file__).resolve()), str(root / "tests" / "test_vllm_cuda.py")]
+    files = [str(Path(__file__).resolve()), str(root / "tests" / "test_vllm_cuda.py"),
+             str(root / "tests" / "test_triton_dense_lora.py")]
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files],
                           cwd=root, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout
-
-
-def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((got.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))
 
 
 def forced_config(block_m: int, split_k: int, block_k: int, block_n: int,

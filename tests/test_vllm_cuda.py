@@ -218,6 +218,7 @@ def test_compiles_after_the_warm_up_are_reported_and_chained(monkeypatch):
     monkeypatch.setattr(knobs.runtime, "jit_post_compile_hook", lambda **kw: seen.append(kw))
     monkeypatch.setattr(vllm_cuda_warmup, "_watching", False)
     monkeypatch.setattr(vllm_cuda_warmup, "_warmed", set())
+    monkeypatch.setattr(vllm_cuda_warmup, "_done", [])
     monkeypatch.setattr(vllm_cuda_warmup, "COMPILES_DURING_SERVING", [])
     vllm_cuda_warmup.watch_compiles()
     hook = knobs.runtime.jit_post_compile_hook
@@ -228,3 +229,51 @@ def test_compiles_after_the_warm_up_are_reported_and_chained(monkeypatch):
     hook(fn=ours, key="k2")
     assert vllm_cuda_warmup.COMPILES_DURING_SERVING == [ours.name]
     assert [kw["key"] for kw in seen] == ["k0", "k1", "k2"]  # vLLM's hook still sees them all
+
+
+@pytest.mark.skipif(not _vllm024_gpu(), reason="needs a CUDA GPU with vLLM 0.24")
+@pytest.mark.parametrize("slices", [(4096, 512, 512), (2880,), (32,)], ids=["qkv", "o", "router"])
+@pytest.mark.parametrize("num_tokens", [1, 16, 300, 1616])
+@pytest.mark.parametrize("add_inputs", [True, False])
+def test_dense_add_lora_linear_matches_vllm(slices, num_tokens, add_inputs):
+    """The patched ``PunicaWrapperGPU.add_lora_linear`` vs vLLM's own on the same inputs and
+    the same per-step metadata (GPT-OSS-20B attention / router widths, 8 slots, rank 32)."""
+    from vllm.config.lora import LoRAConfig
+    from vllm.lora.punica_wrapper.punica_gpu import PunicaWrapperGPU
+
+    from kernels import vllm_cuda_dense
+
+    dev = torch.device("cuda")
+    L, r = 8, 32
+    k = 4096 if slices == (2880,) else 2880
+    g = torch.Generator(device=dev).manual_seed(num_tokens + len(slices))
+    pw = PunicaWrapperGPU(8192, 256, dev, lora_config=LoRAConfig(max_lora_rank=r, max_loras=L))
+    lora = torch.randint(-1, L, (num_tokens,), generator=g, device=dev, dtype=torch.int32)
+    lora[0] = 3
+    pw.token_mapping_meta.prepare_tensors(lora)
+    a = tuple(torch.randn(L, 1, r, k, generator=g, device=dev, dtype=torch.bfloat16) * k**-0.5
+              for _ in slices)
+    b = tuple(torch.randn(L, 1, n, r, generator=g, device=dev, dtype=torch.bfloat16)
+              for n in slices)
+    x = torch.randn(num_tokens, k, generator=g, device=dev, dtype=torch.bfloat16)
+    y0 = torch.randn(num_tokens, sum(slices), generator=g, device=dev, dtype=torch.bfloat16)
+    if not add_inputs:
+        y0.zero_()  # vLLM's dual-stream path hands a zeroed output
+
+    def run():
+        y = y0.clone()
+        pw.add_lora_linear(y, x, a, b, 1.0, slices, add_inputs=add_inputs)
+        torch.cuda.synchronize()
+        return y.float()
+
+    want = run()
+    vllm_cuda_dense.install()
+    try:
+        got = run()
+    finally:
+        vllm_cuda_dense.uninstall()
+    delta_want, delta_got = want - y0.float(), got - y0.float()
+    assert delta_want.norm() > 0
+    assert float((delta_got - delta_want).norm() / delta_want.norm()) < 2e-2
+    no_adapter = (lora < 0).cpu()
+    assert torch.equal(got.cpu()[no_adapter], y0.float().cpu()[no_adapter])

@@ -1,0 +1,297 @@
+"""Triton kernels for dense (attention / MLP projection) LoRA: shrink and expand, 1–3 slices.
+
+The batch's tokens come grouped by adapter slot the way vLLM's punica metadata holds them
+(``LoRAKernelMeta``, prepared once per step outside CUDA graphs): ``sorted_idx [M]`` token ids
+grouped by slot, and per group ``g`` its slot ``group_slot[g]`` (-1: no adapter), token count
+``group_ntok[g]`` and first position ``group_start[g]``. Program ``b`` of the row axis works on
+rows ``[j*BM, (j+1)*BM)`` of group ``b // blocks_per_group``; programs past a group's tokens
+and groups without a slot exit at once. Then
+
+- shrink: ``part[s, p, slice*RP + r] = scale * sum_{k in split s} x[sorted_idx[p], k] * A[slot, r, k]``
+  (fp32 partials at the token's sorted position ``p``: no atomics, no zero-fill);
+- expand: ``y[t, off_slice + n] (+)= sum_r (sum_s part[s, p, slice*RP + r]) * B[slot, n, r]``
+  (split-K reduction while loading, the add fused; PDL lets B and y load during the shrink).
+
+Layouts (vLLM's dense LoRA stacks): ``A [L, 1, r, in]`` and ``B [L, 1, N_slice, r]`` per slice,
+slice ``i`` writing columns ``[sum(N_<i), sum(N_<=i))`` of ``y [M, >= sum(N)]``. Grids depend
+only on M (CUDA-graph safe); M-dependent integers are not specialised on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+MAX_SLICES = 3
+
+
+@dataclass(frozen=True)
+class DenseLoRAConfig:
+    """Tiles of one dense LoRA layer call."""
+
+    block_m: int
+    block_k: int
+    split_k: int
+    block_n: int
+    num_warps: int = 4
+
+
+def dense_config(m: int, in_features: int) -> DenseLoRAConfig:
+    """Heuristic tiles for ``m`` tokens: small row blocks and split-K while few blocks are live
+    (decode: each slot's A is streamed once, split over enough programs to fill the GPU); large
+    row blocks and little split-K for prefill."""
+    if m <= 64:
+        return DenseLoRAConfig(block_m=16, block_k=64, split_k=8, block_n=128)
+    if m <= 512:
+        return DenseLoRAConfig(block_m=32, block_k=64, split_k=4, block_n=128)
+    return DenseLoRAConfig(block_m=64, block_k=64, split_k=2 if m <= 4096 else 1, block_n=128,
+                           num_warps=8)
+
+
+@triton.jit
+def _group_block(pid_b, blocks_per_group, num_tokens, sorted_idx_ptr, group_slot_ptr,
+                 group_ntok_ptr, group_start_ptr, BM: tl.constexpr):
+    """``(live, slot, rows [BM], pos [BM], row_ok [BM])`` of row-block program ``pid_b``."""
+    group = pid_b // blocks_per_group
+    first = (pid_b % blocks_per_group) * BM
+    slot = tl.load(group_slot_ptr + group)
+    ntok = tl.load(group_ntok_ptr + group)
+    start = tl.load(group_start_ptr + group)
+    offs_m = tl.arange(0, BM)
+    pos = start + first + offs_m
+    row_ok = ((first + offs_m) < ntok) & (pos < num_tokens)
+    rows = tl.load(sorted_idx_ptr + pos, mask=row_ok, other=0)
+    live = (slot >= 0) & (first < ntok)
+    return live, slot, rows, pos, row_ok
+
+
+@triton.jit(do_not_specialize=["blocks_per_group", "num_tokens"])
+def _dense_lora_shrink_kernel(
+    x_ptr, a0_ptr, a1_ptr, a2_ptr, part_ptr,
+    sorted_idx_ptr, group_slot_ptr, group_ntok_ptr, group_start_ptr, blocks_per_group, num_tokens,
+    in_features, rank, k_per_split, scale,
+    stride_xm, stride_al, stride_ar, stride_ps, stride_pm,
+    BM: tl.constexpr, RP: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+    EVEN_R: tl.constexpr, NUM_SLICES: tl.constexpr, HAS_SCALE: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
+    pid_b = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    pid_slice = tl.program_id(2)
+    if USE_PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+    live, slot, rows, pos, row_ok = _group_block(
+        pid_b, blocks_per_group, num_tokens, sorted_idx_ptr, group_slot_ptr, group_ntok_ptr,
+        group_start_ptr, BM)
+    if live == 0:
+        return
+    a_base = a0_ptr
+    if NUM_SLICES >= 2:
+        if pid_slice == 1:
+            a_base = a1_ptr
+    if NUM_SLICES == 3:
+        if pid_slice == 2:
+            a_base = a2_ptr
+    a_base += slot.to(tl.int64) * stride_al
+    offs_r = tl.arange(0, RP)
+    k_start = pid_s * k_per_split
+    offs_k = k_start + tl.arange(0, BLOCK_K)
+    x_ptrs = x_ptr + rows.to(tl.int64)[:, None] * stride_xm + offs_k[None, :]
+    a_ptrs = a_base + offs_r[:, None] * stride_ar + offs_k[None, :]
+    acc = tl.zeros([BM, RP], dtype=tl.float32)
+    for k in range(k_start, k_start + k_per_split, BLOCK_K):
+        if EVEN_K:
+            xt = tl.load(x_ptrs, mask=row_ok[:, None], other=0.0)
+            if EVEN_R:
+                at = tl.load(a_ptrs)
+            else:
+                at = tl.load(a_ptrs, mask=offs_r[:, None] < rank, other=0.0)
+        else:
+            k_ok = (k + tl.arange(0, BLOCK_K)) < in_features
+            xt = tl.load(x_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            at = tl.load(a_ptrs, mask=(offs_r[:, None] < rank) & k_ok[None, :], other=0.0)
+        acc += tl.dot(xt, tl.trans(at))
+        x_ptrs += BLOCK_K
+        a_ptrs += BLOCK_K
+    if HAS_SCALE:
+        acc *= scale
+    p_ptrs = (part_ptr + pid_s * stride_ps + pos.to(tl.int64)[:, None] * stride_pm
+              + pid_slice * RP + offs_r[None, :])
+    tl.store(p_ptrs, acc, mask=row_ok[:, None])
+
+
+@triton.jit(do_not_specialize=["blocks_per_group", "num_tokens", "split_k"])
+def _dense_lora_expand_kernel(
+    y_ptr, b0_ptr, b1_ptr, b2_ptr, part_ptr,
+    sorted_idx_ptr, group_slot_ptr, group_ntok_ptr, group_start_ptr, blocks_per_group, num_tokens,
+    n0, n1, n2, rank, split_k,
+    stride_ym, stride_bl0, stride_bl1, stride_bl2, stride_bn, stride_ps, stride_pm,
+    BM: tl.constexpr, RP: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr,
+    EVEN_R: tl.constexpr, NUM_SLICES: tl.constexpr, ADD_INPUTS: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_b = tl.program_id(1)
+    pid_slice = tl.program_id(2)
+    n_slice = n0
+    col0 = 0
+    b_base = b0_ptr
+    stride_bl = stride_bl0
+    if NUM_SLICES >= 2:
+        if pid_slice == 1:
+            n_slice = n1
+            col0 = n0
+            b_base = b1_ptr
+            stride_bl = stride_bl1
+    if NUM_SLICES == 3:
+        if pid_slice == 2:
+            n_slice = n2
+            col0 = n0 + n1
+            b_base = b2_ptr
+            stride_bl = stride_bl2
+    if pid_n * BLOCK_N >= n_slice:
+        return
+    live, slot, rows, pos, row_ok = _group_block(
+        pid_b, blocks_per_group, num_tokens, sorted_idx_ptr, group_slot_ptr, group_ntok_ptr,
+        group_start_ptr, BM)
+    if live == 0:
+        return
+    offs_r = tl.arange(0, RP)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < n_slice
+    b_ptrs = b_base + slot.to(tl.int64) * stride_bl + offs_r[:, None] + offs_n[None, :] * stride_bn
+    if EVEN_N and EVEN_R:
+        bt = tl.load(b_ptrs)
+    else:
+        bt = tl.load(b_ptrs, mask=(offs_r[:, None] < rank) & n_ok[None, :], other=0.0)
+    y_ptrs = y_ptr + rows.to(tl.int64)[:, None] * stride_ym + (col0 + offs_n)[None, :]
+    if EVEN_N:
+        y_mask = row_ok[:, None]
+    else:
+        y_mask = row_ok[:, None] & n_ok[None, :]
+    if ADD_INPUTS:
+        y_old = tl.load(y_ptrs, mask=y_mask, other=0.0)
+    p_ptrs = part_ptr + pos.to(tl.int64)[:, None] * stride_pm + pid_slice * RP + offs_r[None, :]
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+    inter = tl.load(p_ptrs, mask=row_ok[:, None], other=0.0)
+    for s in range(1, split_k):
+        inter += tl.load(p_ptrs + s * stride_ps, mask=row_ok[:, None], other=0.0)
+    acc = tl.dot(inter.to(bt.dtype), bt)
+    if ADD_INPUTS:
+        acc += y_old.to(tl.float32)
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=y_mask)
+
+
+@dataclass
+class TokenGroups:
+    """Tokens grouped by adapter slot (vLLM's ``LoRAKernelMeta`` buffers, or ``group_tokens``).
+
+    ``sorted_idx [>=M]`` int32 token ids grouped by slot; ``slot``, ``ntok``, ``start``
+    ``[G]`` int32 per group (slot -1: no adapter; unused groups have ntok 0).
+    """
+
+    sorted_idx: torch.Tensor
+    slot: torch.Tensor
+    ntok: torch.Tensor
+    start: torch.Tensor
+    num_tokens: int
+
+    @property
+    def num_groups(self) -> int:
+        return self.slot.shape[0]
+
+
+def group_tokens(token_lora: torch.Tensor, num_groups: int) -> TokenGroups:
+    """``TokenGroups`` of ``token_lora [M]`` (slot or -1) with ``num_groups`` (>= distinct
+    values) entries, as vLLM prepares them (tests and benchmarks; syncs the device)."""
+    m = token_lora.shape[0]
+    dev = token_lora.device
+    order = torch.sort(token_lora, stable=True).indices.to(torch.int32)
+    ids, counts = torch.unique(token_lora, sorted=True, return_counts=True)
+    slot = torch.full((num_groups,), -1, dtype=torch.int32, device=dev)
+    ntok = torch.zeros(num_groups, dtype=torch.int32, device=dev)
+    start = torch.zeros(num_groups + 1, dtype=torch.int32, device=dev)
+    slot[: ids.numel()] = ids.to(torch.int32)
+    ntok[: ids.numel()] = counts.to(torch.int32)
+    start[1: ids.numel() + 1] = torch.cumsum(counts, 0).to(torch.int32)
+    return TokenGroups(order, slot, ntok, start, m)
+
+
+def _rank_pad(rank: int) -> int:
+    return max(16, triton.next_power_of_2(rank))
+
+
+def dense_lora_shrink(x: torch.Tensor, lora_a: Sequence[torch.Tensor], groups: TokenGroups,
+                      cfg: DenseLoRAConfig, scale: float = 1.0, use_pdl: bool = False
+                      ) -> torch.Tensor:
+    """``x [M, >=in]`` with ``A [L, 1, r, in]`` (or ``[L, r, in]``) per slice → fp32 partials
+    ``[split_k, M, S*RP]`` at the tokens' sorted positions (RP = rank padded to 2^n >= 16)."""
+    num_slices = len(lora_a)
+    assert 1 <= num_slices <= MAX_SLICES
+    a = [t if t.dim() == 3 else t.flatten(1, 2) for t in lora_a]
+    rank, in_features = a[0].shape[-2], a[0].shape[-1]
+    rp = _rank_pad(rank)
+    m = groups.num_tokens
+    block_k = min(cfg.block_k, max(16, triton.next_power_of_2(in_features)))
+    n_k_blocks = triton.cdiv(in_features, block_k)
+    split_k = max(1, min(cfg.split_k, n_k_blocks))
+    k_per_split = triton.cdiv(n_k_blocks, split_k) * block_k
+    split_k = triton.cdiv(in_features, k_per_split)
+    even_k = in_features % block_k == 0 and k_per_split * split_k == in_features
+    part = torch.empty((split_k, m, num_slices * rp), dtype=torch.float32, device=x.device)
+    if m == 0:
+        return part
+    assert x.stride(-1) == 1 and all(t.stride(-1) == 1 for t in a)
+    assert all(t.stride() == a[0].stride() for t in a), "slices must share strides"
+    bpg = triton.cdiv(m, cfg.block_m)
+    grid = (groups.num_groups * bpg, split_k, num_slices)
+    extra = {"launch_pdl": True} if use_pdl else {}
+    _dense_lora_shrink_kernel[grid](
+        x, a[0], a[min(1, num_slices - 1)], a[-1], part,
+        groups.sorted_idx, groups.slot, groups.ntok, groups.start, bpg, m,
+        in_features, rank, k_per_split, float(scale),
+        x.stride(0), a[0].stride(0), a[0].stride(1), part.stride(0), part.stride(1),
+        BM=cfg.block_m, RP=rp, BLOCK_K=block_k, EVEN_K=even_k, EVEN_R=rank == rp,
+        NUM_SLICES=num_slices, HAS_SCALE=scale != 1.0, USE_PDL=use_pdl,
+        num_warps=cfg.num_warps, num_stages=2, **extra,
+    )
+    return part
+
+
+def dense_lora_expand(y: torch.Tensor, part: torch.Tensor, lora_b: Sequence[torch.Tensor],
+                      groups: TokenGroups, cfg: DenseLoRAConfig, add_inputs: bool = True,
+                      use_pdl: bool = False) -> None:
+    """``y [M, >=sum(N)] (+)= part @ B^T`` per slice, slice i into its columns; ``B [L, 1,
+    N_i, r]`` (or ``[L, N_i, r]``). Rows without an adapter are left untouched."""
+    num_slices = len(lora_b)
+    assert 1 <= num_slices <= MAX_SLICES
+    b = [t if t.dim() == 3 else t.flatten(1, 2) for t in lora_b]
+    ns = [t.shape[-2] for t in b] + [0] * (MAX_SLICES - num_slices)
+    rank = b[0].shape[-1]
+    rp = _rank_pad(rank)
+    m = groups.num_tokens
+    if m == 0:
+        return
+    assert y.stride(-1) == 1 and all(t.stride(-1) == 1 for t in b)
+    assert all(t.stride(-2) == b[0].stride(-2) for t in b), "slices must share row strides"
+    bl = [t.stride(0) for t in b] + [0] * (MAX_SLICES - num_slices)
+    assert y.shape[-1] >= sum(ns), (y.shape, ns)
+    block_n = min(cfg.block_n, max(16, triton.next_power_of_2(max(ns))))
+    bpg = triton.cdiv(m, cfg.block_m)
+    grid = (triton.cdiv(max(ns), block_n), groups.num_groups * bpg, num_slices)
+    extra = {"launch_pdl": True} if use_pdl else {}
+    _dense_lora_expand_kernel[grid](
+        y, b[0], b[min(1, num_slices - 1)], b[-1], part,
+        groups.sorted_idx, groups.slot, groups.ntok, groups.start, bpg, m,
+        ns[0], ns[1], ns[2], rank, part.shape[0],
+        y.stride(0), bl[0], bl[1], bl[2], b[0].stride(1), part.stride(0), part.stride(1),
+        BM=cfg.block_m, RP=rp, BLOCK_N=block_n,
+        EVEN_N=all(n % block_n == 0 for n in ns[:num_slices]), EVEN_R=rank == rp,
+        NUM_SLICES=num_slices, ADD_INPUTS=add_inputs, USE_PDL=use_pdl,
+        num_warps=cfg.num_warps, num_stages=1, **extra,
+    )

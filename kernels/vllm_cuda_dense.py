@@ -1,0 +1,165 @@
+"""vLLM 0.24 on CUDA: loraplex's Triton dense LoRA ops replace punica's ``add_lora_linear``.
+
+Every LoRA-wrapped linear layer (attention q/k/v and o, a router, dense MLPs) ends in
+``PunicaWrapperGPU.add_lora_linear(y, x, lora_a_stacked, lora_b_stacked, scale,
+output_slices)``: ``y[:, slice i] += scale * x A_i^T B_i^T`` per token's slot. vLLM runs it as a
+zero-fill, a split-K shrink with atomics and an expand (three launches, default tiles). Ours
+(``kernels.triton_dense_lora``) is two launches, PDL-overlapped, no zero-fill, reading the same
+per-step metadata vLLM prepares outside CUDA graphs (tokens grouped by slot in
+``token_mapping_meta``), so it is CUDA-graph safe exactly as vLLM's is.
+
+Per layer the first call (vLLM's profile run, before graph capture and serving) compiles every
+variant the batch-size buckets can launch, so no compile happens while serving. Cases vLLM's
+own path keeps: more than three slices, dtypes other than bf16/fp16, non-CUDA tensors.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.vllm_cuda_warmup import compiling_on_purpose, vllm_logger
+
+# one representative M per config bucket of ``triton_dense_lora.dense_config``
+WARM_UP_MS = (1, 65, 513, 4097)
+_originals: dict[str, object] = {}
+_layers: dict[tuple, "_Layer"] = {}  # (A data_ptr, B data_ptr, slices) -> warmed-up layer
+
+
+class _Layer:
+    """A LoRA linear layer's stacks as our ops take them (3-D views; nothing copied)."""
+
+    def __init__(self, lora_a: list[torch.Tensor], lora_b: list[torch.Tensor]) -> None:
+        self.a = [t.flatten(1, 2) if t.dim() == 4 else t for t in lora_a]
+        self.b = [t.flatten(1, 2) if t.dim() == 4 else t for t in lora_b]
+        self.in_features = self.a[0].shape[-1]
+
+
+def supported(lora_a_stacked, lora_b_stacked, x: torch.Tensor) -> bool:
+    """Whether our ops take this call (static properties only: traced by torch.compile)."""
+    from kernels.triton_dense_lora import MAX_SLICES
+
+    a0 = lora_a_stacked[0]
+    return (1 <= len(lora_a_stacked) <= MAX_SLICES
+            and len(lora_b_stacked) == len(lora_a_stacked)
+            and a0.is_cuda and a0.dtype in (torch.bfloat16, torch.float16)
+            and x.dtype == a0.dtype
+            and all(t.is_contiguous() for t in (*lora_a_stacked, *lora_b_stacked))
+            and all(t.shape == a0.shape for t in lora_a_stacked))
+
+
+def _layer(lora_a: list[torch.Tensor], lora_b: list[torch.Tensor]) -> _Layer:
+    key = (lora_a[0].data_ptr(), lora_b[0].data_ptr(), len(lora_a))
+    layer = _layers.get(key)
+    if layer is None:
+        layer = _Layer(lora_a, lora_b)
+        if _warm_up(layer):
+            _layers[key] = layer
+    return layer
+
+
+def _warm_up(layer: _Layer) -> bool:
+    """Compiles the variants of every M bucket for this layer (zero inputs, scratch output);
+    never under CUDA-graph capture (returns False then)."""
+    from kernels.triton_dense_lora import (dense_config, dense_lora_expand, dense_lora_shrink,
+                                           group_tokens)
+    from kernels.triton_moe_lora import pdl_supported
+
+    dev = layer.a[0].device
+    if dev.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return False
+    dtype = layer.a[0].dtype
+    slots = layer.a[0].shape[0]
+    out = sum(t.shape[-2] for t in layer.b)
+    with compiling_on_purpose():
+        for m in WARM_UP_MS:
+            groups = group_tokens(torch.arange(m, device=dev, dtype=torch.int32) % slots,
+                                  slots + 1)
+            cfg = dense_config(m, layer.in_features)
+            x = torch.zeros(m, layer.in_features, dtype=dtype, device=dev)
+            y = torch.zeros(m, out, dtype=dtype, device=dev)
+            for add_inputs in (True, False):
+                pdl = pdl_supported(x)
+                part = dense_lora_shrink(x, layer.a, groups, cfg, use_pdl=pdl)
+                dense_lora_expand(y, part, layer.b, groups, cfg, add_inputs, use_pdl=pdl)
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    return True
+
+
+def dense_lora_linear(y: torch.Tensor, x: torch.Tensor, lora_a: list[torch.Tensor],
+                      lora_b: list[torch.Tensor], scale: float, add_inputs: bool,
+                      sorted_idx: torch.Tensor, group_slot: torch.Tensor,
+                      group_ntok: torch.Tensor, group_start: torch.Tensor,
+                      no_lora_flag_cpu: torch.Tensor) -> None:
+    """The op (registered as ``torch.ops.vllm.loraplex_dense_lora_linear``, opaque to
+    torch.compile): ``y [M, >=sum(N)] (+)= scale * x [M, in] A_i^T B_i^T`` per slice for the
+    tokens grouped by slot in the metadata; nothing when the step has no adapter."""
+    from kernels.triton_dense_lora import (TokenGroups, dense_config, dense_lora_expand,
+                                           dense_lora_shrink)
+    from kernels.triton_moe_lora import pdl_supported
+
+    if bool(no_lora_flag_cpu.item()):  # a CPU tensor: no device sync
+        return
+    layer = _layer(lora_a, lora_b)
+    m = x.shape[0]
+    groups = TokenGroups(sorted_idx, group_slot, group_ntok, group_start, m)
+    cfg = dense_config(m, layer.in_features)
+    pdl = pdl_supported(x)
+    part = dense_lora_shrink(x, layer.a, groups, cfg, scale=scale, use_pdl=pdl)
+    dense_lora_expand(y, part, layer.b, groups, cfg, add_inputs=add_inputs, use_pdl=pdl)
+
+
+def _dense_lora_linear_fake(y, x, lora_a, lora_b, scale, add_inputs, sorted_idx, group_slot,
+                            group_ntok, group_start, no_lora_flag_cpu) -> None:
+    return None
+
+
+def _add_lora_linear(self, y, x, lora_a_stacked, lora_b_stacked, scale, output_slices, *,
+                     buffer=None, **kwargs):
+    """``PunicaWrapperGPU.add_lora_linear`` through loraplex's dense ops (same semantics)."""
+    if buffer is not None or not supported(lora_a_stacked, lora_b_stacked, x):
+        return _originals["add_lora_linear"](
+            self, y, x, lora_a_stacked, lora_b_stacked, scale, output_slices, buffer=buffer,
+            **kwargs)
+    meta = self.token_mapping_meta
+    x2 = x.reshape(-1, x.shape[-1])
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    m = x2.shape[0]
+    torch.ops.vllm.loraplex_dense_lora_linear(
+        y.view(-1, y.shape[-1]), x2, list(lora_a_stacked), list(lora_b_stacked), float(scale),
+        bool(kwargs.get("add_inputs", True)), meta.token_indices_sorted_by_lora_ids[:m],
+        meta.active_lora_ids, meta.num_tokens_per_lora, meta.lora_token_start_loc,
+        meta.no_lora_flag_cpu)
+    return None
+
+
+def _register_op() -> None:
+    from vllm.utils.torch_utils import direct_register_custom_op
+
+    if not hasattr(torch.ops.vllm, "loraplex_dense_lora_linear"):
+        direct_register_custom_op(op_name="loraplex_dense_lora_linear",
+                                  op_func=dense_lora_linear, mutates_args=["y"],
+                                  fake_impl=_dense_lora_linear_fake)
+
+
+def install() -> None:
+    """Swaps ``PunicaWrapperGPU.add_lora_linear`` (the caller checks the vLLM version)."""
+    from vllm.lora.punica_wrapper.punica_gpu import PunicaWrapperGPU
+
+    if _originals:
+        return
+    _register_op()
+    _originals["add_lora_linear"] = PunicaWrapperGPU.add_lora_linear
+    PunicaWrapperGPU.add_lora_linear = _add_lora_linear
+    vllm_logger().info("dense LoRA Triton ops (loraplex) installed")
+
+
+def uninstall() -> None:
+    """Restores vLLM's own method (tests)."""
+    if not _originals:
+        return
+    from vllm.lora.punica_wrapper.punica_gpu import PunicaWrapperGPU
+
+    PunicaWrapperGPU.add_lora_linear = _originals.pop("add_lora_linear")
+    _layers.clear()

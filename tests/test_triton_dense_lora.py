@@ -1,0 +1,126 @@
+"""Triton dense LoRA ops (``kernels.triton_dense_lora``) against a float64 PyTorch reference.
+
+Without CUDA they run under the Triton interpreter (set up by ``tests.test_triton_moe_lora``,
+whose fresh-process fallback also runs this file); on a GPU also at GPT-OSS-20B attention shapes
+in bf16.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.triton_interpret import (HAS_CUDA, in_process_ok, interpreter_unless_cuda,
+                                    interpreter_when_no_gpu, rel_err)
+
+IN_PROCESS_OK = in_process_ok()
+with interpreter_unless_cuda():
+    from kernels.triton_dense_lora import (DenseLoRAConfig, dense_config, dense_lora_expand,
+                                           dense_lora_shrink, group_tokens)
+DEV = "cuda" if HAS_CUDA else "cpu"
+needs_triton = pytest.mark.skipif(not IN_PROCESS_OK, reason="Triton cannot run in this process")
+pytestmark = pytest.mark.usefixtures("interpreter_when_no_gpu")
+_ = interpreter_when_no_gpu  # the fixture, used through pytestmark
+
+
+def dense_reference(y, x, lora_a, lora_b, token_lora, scale, add_inputs=True):
+    """float64 ``y[t, cols_i] (+)= scale * x[t] A_i[s]^T B_i[s]^T`` for tokens with slot s >= 0."""
+    out = y.double().clone()
+    col = 0
+    for a, b in zip(lora_a, lora_b):
+        a3, b3 = a.flatten(1, 2).double(), b.flatten(1, 2).double()
+        n = b3.shape[1]
+        for t, s in enumerate(token_lora.tolist()):
+            if s < 0:
+                continue
+            delta = scale * (x[t].double() @ a3[s].T) @ b3[s].T
+            out[t, col:col + n] = (out[t, col:col + n] if add_inputs else 0) + delta
+        col += n
+    return out
+
+
+def problem(m, k, ns, slots, rank, dtype, seed, no_adapter=0.3):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g).to(dtype).to(DEV)
+    a = [(torch.randn(slots, 1, rank, k, generator=g) / k**0.5).to(dtype).to(DEV) for _ in ns]
+    b = [torch.randn(slots, 1, n, rank, generator=g).to(dtype).to(DEV) for n in ns]
+    lora = torch.randint(0, slots, (m,), generator=g)
+    lora[torch.rand(m, generator=g) < no_adapter] = -1
+    lora[0] = 0
+    y = torch.randn(m, sum(ns), generator=g).to(dtype).to(DEV)
+    return y, x, a, b, lora.to(torch.int32).to(DEV)
+
+
+# M, in, slice widths, slots, rank, config (None: the heuristic for M)
+CASES = [
+    (7, 40, (24, 8, 8), 3, 8, None),
+    (19, 72, (48,), 4, 24, DenseLoRAConfig(block_m=16, block_k=16, split_k=3, block_n=32)),
+    (33, 56, (40, 24), 3, 64, DenseLoRAConfig(block_m=16, block_k=32, split_k=2, block_n=16)),
+    (70, 48, (16, 16, 16), 5, 16, DenseLoRAConfig(block_m=32, block_k=16, split_k=1,
+                                                   block_n=16)),
+    (1, 40, (24, 8, 8), 2, 8, None),
+]
+
+
+@needs_triton
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"M{c[0]}K{c[1]}S{len(c[2])}r{c[4]}")
+@pytest.mark.parametrize("add_inputs", [True, False])
+def test_dense_lora_matches_reference(case, add_inputs):
+    m, k, ns, slots, rank, cfg = case
+    y, x, a, b, lora = problem(m, k, ns, slots, rank, torch.float32, seed=m * 31 + k)
+    groups = group_tokens(lora, slots + 1)
+    cfg = cfg or dense_config(m, k)
+    ref = dense_reference(y, x, a, b, lora.cpu(), 0.5, add_inputs)
+    base = dense_reference(y, x, a, b, torch.full_like(lora.cpu(), -1), 0.5)
+    part = dense_lora_shrink(x, a, groups, cfg, scale=0.5)
+    dense_lora_expand(y, part, b, groups, cfg, add_inputs=add_inputs)
+    tol = 5e-3 if HAS_CUDA else 2e-4
+    assert rel_err(y, ref) < tol
+    # rows without an adapter are untouched, and the LoRA part is not negligible
+    untouched = lora.cpu() < 0
+    assert torch.equal(y.cpu()[untouched].double(), ref[untouched])
+    assert rel_err(base, ref) > 1e-2
+
+
+@needs_triton
+def test_no_adapter_tokens_leave_output_untouched():
+    y, x, a, b, lora = problem(9, 40, (24,), 2, 8, torch.float32, seed=5)
+    lora[:] = -1
+    before = y.clone()
+    groups = group_tokens(lora, 3)
+    cfg = dense_config(9, 40)
+    dense_lora_expand(y, dense_lora_shrink(x, a, groups, cfg), b, groups, cfg)
+    assert torch.equal(y, before)
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="GPT-OSS-20B shapes need a CUDA GPU")
+@pytest.mark.parametrize("m", [1, 16, 300, 1616])
+@pytest.mark.parametrize("proj", ["qkv", "o"])
+def test_gpt_oss_attention_shapes_bf16(m, proj):
+    k, ns = (2880, (4096, 512, 512)) if proj == "qkv" else (4096, (2880,))
+    y, x, a, b, lora = problem(m, k, ns, 8, 32, torch.bfloat16, seed=m)
+    groups = group_tokens(lora, 9)
+    cfg = dense_config(m, k)
+    ref = dense_reference(y, x, a, b, lora.cpu(), 1.0)
+    part = dense_lora_shrink(x, a, groups, cfg, use_pdl=True)
+    dense_lora_expand(y, part, b, groups, cfg, use_pdl=True)
+    assert rel_err(y, ref) < 2e-2
+
+
+@needs_triton
+def test_vllm_op_glue_matches_reference_and_honours_the_no_lora_flag():
+    """``kernels.vllm_cuda_dense.dense_lora_linear`` (the op vLLM's ``add_lora_linear`` is routed
+    to): vLLM's 4-D stacks, metadata as vLLM prepares it, the CPU "no adapter" flag."""
+    from kernels import vllm_cuda_dense
+
+    y, x, a, b, lora = problem(23, 40, (24, 8, 8), 3, 8, torch.float32, seed=9)
+    g = group_tokens(lora, 4)
+    ref = dense_reference(y, x, a, b, lora.cpu(), 1.0)
+    before = y.clone()
+    vllm_cuda_dense.dense_lora_linear(y, x, a, b, 1.0, True, g.sorted_idx, g.slot, g.ntok,
+                                      g.start, torch.tensor([True]))
+    assert torch.equal(y, before)
+    vllm_cuda_dense.dense_lora_linear(y, x, a, b, 1.0, True, g.sorted_idx, g.slot, g.ntok,
+                                      g.start, torch.tensor([False]))
+    assert rel_err(y, ref) < (5e-3 if HAS_CUDA else 2e-4)
+    assert rel_err(before, ref) > 1e-2
