@@ -38,6 +38,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.triton_launch import CachedLauncher
+
 
 @dataclass
 class MoELoRABlocks:
@@ -194,6 +196,11 @@ def _moe_lora_place_kernel(
                 invalid, CHUNK)
 
 
+_ALIGN = CachedLauncher(_moe_lora_align_kernel)
+_COUNT = CachedLauncher(_moe_lora_count_kernel)
+_PLACE = CachedLauncher(_moe_lora_place_kernel)
+
+
 def align_moe_lora(
     topk_ids: torch.Tensor,
     token_lora: torch.Tensor,
@@ -249,15 +256,14 @@ def align_moe_lora(
         num_blocks.zero_()
     elif parallel:
         args = (ids, token_lora, enabled, num_rows, top_k, num_experts, hist)
-        _moe_lora_count_kernel[(num_chunks,)](*args, PAIRS_P2=pairs_p2, CHUNK=PARALLEL_CHUNK,
-                                              num_warps=4)
-        _moe_lora_place_kernel[(num_chunks,)](
-            *args, num_chunks, cursor, sorted_rows, block_pair, block_nrows, num_blocks,
+        _COUNT((num_chunks,), *args, PAIRS_P2=pairs_p2, CHUNK=PARALLEL_CHUNK, num_warps=4)
+        _PLACE(
+            (num_chunks,), *args, num_chunks, cursor, sorted_rows, block_pair, block_nrows, num_blocks,
             PAIRS_P2=pairs_p2, CHUNK=PARALLEL_CHUNK, BM=block_m, num_warps=4)
     else:
         chunk = align_chunk(num_rows)
-        _moe_lora_align_kernel[(1,)](
-            ids, token_lora, enabled, num_rows, top_k, num_experts,
+        _ALIGN(
+            (1,), ids, token_lora, enabled, num_rows, top_k, num_experts,
             cursor, sorted_rows, block_pair, block_nrows, num_blocks,
             PAIRS_P2=pairs_p2, CHUNK=chunk, BM=block_m, num_warps=4 if chunk <= 1024 else 16,
         )

@@ -26,6 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.triton_launch import CachedLauncher
+
 MAX_SLICES = 3
 
 
@@ -187,6 +189,10 @@ def _dense_lora_expand_kernel(
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=y_mask)
 
 
+_SHRINK = CachedLauncher(_dense_lora_shrink_kernel)
+_EXPAND = CachedLauncher(_dense_lora_expand_kernel)
+
+
 @dataclass
 class TokenGroups:
     """Tokens grouped by adapter slot (vLLM's ``LoRAKernelMeta`` buffers, or ``group_tokens``).
@@ -250,15 +256,15 @@ def dense_lora_shrink(x: torch.Tensor, lora_a: Sequence[torch.Tensor], groups: T
     assert all(t.stride() == a[0].stride() for t in a), "slices must share strides"
     bpg = triton.cdiv(m, cfg.block_m)
     grid = (groups.num_groups * bpg, split_k, num_slices)
-    extra = {"launch_pdl": True} if use_pdl else {}
-    _dense_lora_shrink_kernel[grid](
+    _SHRINK(
+        grid,
         x, a[0], a[min(1, num_slices - 1)], a[-1], part,
         groups.sorted_idx, groups.slot, groups.ntok, groups.start, bpg, m,
         in_features, rank, k_per_split, float(scale),
         x.stride(0), a[0].stride(0), a[0].stride(1), part.stride(0), part.stride(1),
         BM=cfg.block_m, RP=rp, BLOCK_K=block_k, EVEN_K=even_k, EVEN_R=rank == rp,
         NUM_SLICES=num_slices, HAS_SCALE=scale != 1.0, USE_PDL=use_pdl,
-        num_warps=cfg.num_warps, num_stages=2, **extra,
+        num_warps=cfg.num_warps, num_stages=2, launch_pdl=use_pdl,
     )
     return part
 
@@ -284,8 +290,8 @@ def dense_lora_expand(y: torch.Tensor, part: torch.Tensor, lora_b: Sequence[torc
     block_n = min(cfg.block_n, max(16, triton.next_power_of_2(max(ns))))
     bpg = triton.cdiv(m, cfg.block_m)
     grid = (triton.cdiv(max(ns), block_n), groups.num_groups * bpg, num_slices)
-    extra = {"launch_pdl": True} if use_pdl else {}
-    _dense_lora_expand_kernel[grid](
+    _EXPAND(
+        grid,
         y, b[0], b[min(1, num_slices - 1)], b[-1], part,
         groups.sorted_idx, groups.slot, groups.ntok, groups.start, bpg, m,
         ns[0], ns[1], ns[2], rank, part.shape[0],
@@ -293,5 +299,5 @@ def dense_lora_expand(y: torch.Tensor, part: torch.Tensor, lora_b: Sequence[torc
         BM=cfg.block_m, RP=rp, BLOCK_N=block_n,
         EVEN_N=all(n % block_n == 0 for n in ns[:num_slices]), EVEN_R=rank == rp,
         NUM_SLICES=num_slices, ADD_INPUTS=add_inputs, USE_PDL=use_pdl,
-        num_warps=cfg.num_warps, num_stages=1, **extra,
+        num_warps=cfg.num_warps, num_stages=1, launch_pdl=use_pdl,
     )

@@ -31,6 +31,7 @@ import triton
 import triton.language as tl
 
 from kernels.moe_lora_align import MoELoRABlocks
+from kernels.triton_launch import CachedLauncher
 from kernels.triton_moe_lora_configs import OpConfig
 
 
@@ -184,6 +185,10 @@ def _moe_lora_expand_kernel(
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=y_mask)
 
 
+_SHRINK = CachedLauncher(_moe_lora_shrink_kernel)
+_EXPAND = CachedLauncher(_moe_lora_expand_kernel)
+
+
 def as_slices(w: torch.Tensor | Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
     return (w,) if isinstance(w, torch.Tensor) else tuple(w)
 
@@ -239,8 +244,8 @@ def moe_lora_shrink(
     assert x.stride(-1) == 1 and all(t.stride(-1) == 1 for t in a)
     assert x.shape[-1] >= in_features, (x.shape, in_features)
     grid = (blocks.max_blocks, split_k, num_slices)
-    extra = {"launch_pdl": True} if use_pdl else {}
-    _moe_lora_shrink_kernel[grid](
+    _SHRINK(
+        grid,
         x, a[0], a[-1], part,
         blocks.sorted_rows, blocks.block_pair, blocks.block_nrows, blocks.num_blocks,
         blocks.topk_ids, blocks.token_lora, blocks.enabled, blocks.top_k,
@@ -249,7 +254,7 @@ def moe_lora_shrink(
         part.stride(0), part.stride(1),
         BM=bm, RP=rp, BLOCK_K=block_k, EVEN_K=even_k, EVEN_R=rank == rp,
         NUM_SLICES=num_slices, NAIVE=blocks.naive, USE_PDL=use_pdl,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=use_pdl,
     )
     return part
 
@@ -284,8 +289,8 @@ def moe_lora_expand(
     block_n = min(cfg.block_n, max(16, triton.next_power_of_2(out_features)))
     grid = (triton.cdiv(out_features, block_n), blocks.max_blocks, num_slices)
     tw = topk_weights.reshape(-1) if topk_weights is not None else part
-    extra = {"launch_pdl": True} if use_pdl else {}
-    _moe_lora_expand_kernel[grid](
+    _EXPAND(
+        grid,
         y, b[0], b[-1], part, scaling if scaling is not None else part, tw,
         blocks.sorted_rows, blocks.block_pair, blocks.block_nrows, blocks.num_blocks,
         blocks.topk_ids, blocks.token_lora, blocks.enabled, blocks.top_k,
@@ -296,5 +301,5 @@ def moe_lora_expand(
         EVEN_N=out_features % block_n == 0, EVEN_R=rank == rp, NUM_SLICES=num_slices,
         HAS_SCALE=scaling is not None, MUL_ROUTED_WEIGHT=topk_weights is not None,
         ADD_INPUTS=add_inputs, NAIVE=blocks.naive, USE_PDL=use_pdl,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=use_pdl,
     )

@@ -1,0 +1,67 @@
+"""``kernels.triton_launch.CachedLauncher``: the variant key follows what Triton specialises on,
+and a known variant is launched through its compiled launcher with every argument in order."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from kernels.triton_launch import CachedLauncher
+
+
+def fake_jit(calls: list):
+    params = [SimpleNamespace(is_constexpr=False, do_not_specialize=False),  # x_ptr
+              SimpleNamespace(is_constexpr=False, do_not_specialize=False),  # n (specialised)
+              SimpleNamespace(is_constexpr=False, do_not_specialize=True),   # m (not)
+              SimpleNamespace(is_constexpr=True, do_not_specialize=False)]   # BM
+
+    class Compiled:
+        function, packed_metadata = "fn", "meta"
+
+        def run(self, *a):
+            calls.append(("fast", a))
+
+    class Fn:
+        arg_names = ["x_ptr", "n", "m", "BM"]
+
+        def __init__(self):
+            self.params = params
+
+        def __getitem__(self, grid):
+            def launch(*args, **options):
+                calls.append(("triton", grid, args, options))
+                return Compiled()
+            return launch
+    return Fn()
+
+
+def test_key_separates_what_triton_specialises_on():
+    launcher = CachedLauncher(fake_jit([]))
+    x = torch.zeros(64, dtype=torch.float32)
+    k = launcher._key((x, 32, 5, 16), (4, None, False))
+    assert launcher._key((x, 32, 7_000_000, 16), (4, None, False)) == k  # m not specialised
+    assert launcher._key((x, 32, 2**40, 16), (4, None, False)) != k  # ... but its int width is
+    assert launcher._key((x, 48, 5, 16), (4, None, False)) != k  # n is
+    assert launcher._key((x, 32, 5, 32), (4, None, False)) != k  # constexpr
+    assert launcher._key((x[1:], 32, 5, 16), (4, None, False)) != k  # 16-byte alignment
+    assert launcher._key((x.half(), 32, 5, 16), (4, None, False)) != k  # dtype
+    assert launcher._key((x, 32, 5, 16), (8, None, False)) != k  # launch options
+    assert launcher._key((x, 32, 5, 16), (4, None, True)) != k
+
+
+def test_first_launch_through_triton_then_fast_path_with_all_arguments(monkeypatch):
+    # the fast path launches on the current CUDA stream
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: SimpleNamespace(cuda_stream=0))
+    calls: list = []
+    launcher = CachedLauncher(fake_jit(calls))
+    x = torch.zeros(8)
+    launcher((3, 2), x, 32, m=5, BM=16, num_warps=4, launch_pdl=True)
+    launcher((9,), x, 32, m=6, BM=16, num_warps=4, launch_pdl=True)
+    assert calls[0] == ("triton", (3, 2), (x, 32, 5, 16), {"num_warps": 4, "launch_pdl": True})
+    kind, args = calls[1]
+    assert kind == "fast" and args[:3] == (9, 1, 1) and args[4:9] == ("fn", "meta", None, None,
+                                                                     None)
+    assert args[9:12] == (x, 32, 6) and args[12] == 16
+    launcher((9,), x, 33, m=6, BM=16, num_warps=4, launch_pdl=True)  # new variant: Triton
+    assert calls[2][0] == "triton"
