@@ -42,15 +42,20 @@ class DenseLoRAConfig:
     num_warps: int = 4
 
 
-def dense_config(m: int, in_features: int) -> DenseLoRAConfig:
+def dense_config(m: int, in_features: int, num_slices: int = 1) -> DenseLoRAConfig:
     """Heuristic tiles for ``m`` tokens: small row blocks and split-K while few blocks are live
     (decode: each slot's A is streamed once, split over enough programs to fill the GPU); large
-    row blocks and little split-K for prefill."""
+    row blocks and little split-K for prefill. One slice (o, down, router) splits K more, as it
+    has a third of the programs of q/k/v. Depends on the M bucket only (warm-up covers it)."""
+    one = num_slices == 1
     if m <= 64:
-        return DenseLoRAConfig(block_m=16, block_k=64, split_k=8, block_n=128)
+        return DenseLoRAConfig(block_m=16, block_k=64, split_k=16 if one else 8, block_n=128)
     if m <= 512:
-        return DenseLoRAConfig(block_m=32, block_k=64, split_k=4, block_n=128)
-    return DenseLoRAConfig(block_m=64, block_k=64, split_k=2 if m <= 4096 else 1, block_n=128,
+        return DenseLoRAConfig(block_m=32, block_k=64, split_k=8 if one else 4, block_n=128)
+    if m <= 4096:
+        return DenseLoRAConfig(block_m=64, block_k=64, split_k=4 if one else 2, block_n=128,
+                               num_warps=8)
+    return DenseLoRAConfig(block_m=64, block_k=64, split_k=2 if one else 1, block_n=128,
                            num_warps=8)
 
 

@@ -108,6 +108,7 @@ def _lookup(slug: str, key: str, num_tokens: int) -> dict | None:
     return parse_layer_config(buckets[str(chosen)])
 
 
+@functools.lru_cache(maxsize=8192)  # called per layer and step: the result is read only
 def get_layer_config(num_tokens: int, *, hidden: int, intermediate: int, num_experts: int,
                      top_k: int, rank: int, num_slots: int,
                      device: torch.device | str | None = None) -> dict:

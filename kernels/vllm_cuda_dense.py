@@ -1,8 +1,10 @@
 """vLLM 0.24 on CUDA: loraplex's Triton dense LoRA ops replace punica's ``add_lora_linear``.
 
-Every LoRA-wrapped linear layer (attention q/k/v and o, a router, dense MLPs) ends in
+LoRA-wrapped linear layers (o, a router, single projections) end in
 ``PunicaWrapperGPU.add_lora_linear(y, x, lora_a_stacked, lora_b_stacked, scale,
-output_slices)``: ``y[:, slice i] += scale * x A_i^T B_i^T`` per token's slot. vLLM runs it as a
+output_slices)``: ``y[:, slice i] += scale * x A_i^T B_i^T`` per token's slot; merged ones
+(q/k/v, gate/up) in ``column_parallel_linear._mcp_apply``, which with one tensor-parallel rank is
+routed to ``add_lora_linear`` too. vLLM runs it as a
 zero-fill, a split-K shrink with atomics and an expand (three launches, default tiles). Ours
 (``kernels.triton_dense_lora``) is two launches, PDL-overlapped, no zero-fill, reading the same
 per-step metadata vLLM prepares outside CUDA graphs (tokens grouped by slot in
@@ -74,7 +76,7 @@ def _warm_up(layer: _Layer) -> bool:
         for m in WARM_UP_MS:
             groups = group_tokens(torch.arange(m, device=dev, dtype=torch.int32) % slots,
                                   slots + 1)
-            cfg = dense_config(m, layer.in_features)
+            cfg = dense_config(m, layer.in_features, len(layer.a))
             x = torch.zeros(m, layer.in_features, dtype=dtype, device=dev)
             y = torch.zeros(m, out, dtype=dtype, device=dev)
             for add_inputs in (True, False):
@@ -103,7 +105,7 @@ def dense_lora_linear(y: torch.Tensor, x: torch.Tensor, lora_a: list[torch.Tenso
     layer = _layer(lora_a, lora_b)
     m = x.shape[0]
     groups = TokenGroups(sorted_idx, group_slot, group_ntok, group_start, m)
-    cfg = dense_config(m, layer.in_features)
+    cfg = dense_config(m, layer.in_features, len(layer.a))
     pdl = pdl_supported(x)
     part = dense_lora_shrink(x, layer.a, groups, cfg, scale=scale, use_pdl=pdl)
     dense_lora_expand(y, part, layer.b, groups, cfg, add_inputs=add_inputs, use_pdl=pdl)
@@ -134,6 +136,21 @@ def _add_lora_linear(self, y, x, lora_a_stacked, lora_b_stacked, scale, output_s
     return None
 
 
+def _mcp_apply(x, bias, layer):
+    """vLLM's column-parallel LoRA apply (merged gate_up, merged q/k/v), which zero-fills a
+    buffer and calls shrink and expand itself (for the all-gather between them under tensor
+    parallelism). With one rank the gather is the identity, so the layer goes through
+    ``add_lora_linear``, i.e. our ops; otherwise vLLM's own."""
+    if layer.tp_size != 1:
+        return _originals["_mcp_apply"](x, bias, layer)
+    output = layer._get_quant_method().apply(layer.base_layer, x, bias)
+    x2 = x.view(-1, x.shape[-1])
+    out2, shape = output.view(-1, output.shape[-1]), output.shape
+    layer.punica_wrapper.add_lora_linear(out2, x2, layer.lora_a_stacked, layer.lora_b_stacked,
+                                         1.0, layer.output_slices)
+    return out2.view(*shape)
+
+
 def _register_op() -> None:
     from vllm.utils.torch_utils import direct_register_custom_op
 
@@ -149,9 +166,13 @@ def install() -> None:
 
     if _originals:
         return
+    from vllm.lora.layers import column_parallel_linear
+
     _register_op()
     _originals["add_lora_linear"] = PunicaWrapperGPU.add_lora_linear
+    _originals["_mcp_apply"] = column_parallel_linear._mcp_apply
     PunicaWrapperGPU.add_lora_linear = _add_lora_linear
+    column_parallel_linear._mcp_apply = _mcp_apply
     vllm_logger().info("dense LoRA Triton ops (loraplex) installed")
 
 
@@ -159,7 +180,9 @@ def uninstall() -> None:
     """Restores vLLM's own method (tests)."""
     if not _originals:
         return
+    from vllm.lora.layers import column_parallel_linear
     from vllm.lora.punica_wrapper.punica_gpu import PunicaWrapperGPU
 
     PunicaWrapperGPU.add_lora_linear = _originals.pop("add_lora_linear")
+    column_parallel_linear._mcp_apply = _originals.pop("_mcp_apply")
     _layers.clear()

@@ -69,7 +69,7 @@ def test_dense_lora_matches_reference(case, add_inputs):
     m, k, ns, slots, rank, cfg = case
     y, x, a, b, lora = problem(m, k, ns, slots, rank, torch.float32, seed=m * 31 + k)
     groups = group_tokens(lora, slots + 1)
-    cfg = cfg or dense_config(m, k)
+    cfg = cfg or dense_config(m, k, len(ns))
     ref = dense_reference(y, x, a, b, lora.cpu(), 0.5, add_inputs)
     base = dense_reference(y, x, a, b, torch.full_like(lora.cpu(), -1), 0.5)
     part = dense_lora_shrink(x, a, groups, cfg, scale=0.5)
@@ -100,7 +100,7 @@ def test_gpt_oss_attention_shapes_bf16(m, proj):
     k, ns = (2880, (4096, 512, 512)) if proj == "qkv" else (4096, (2880,))
     y, x, a, b, lora = problem(m, k, ns, 8, 32, torch.bfloat16, seed=m)
     groups = group_tokens(lora, 9)
-    cfg = dense_config(m, k)
+    cfg = dense_config(m, k, len(ns))
     ref = dense_reference(y, x, a, b, lora.cpu(), 1.0)
     part = dense_lora_shrink(x, a, groups, cfg, use_pdl=True)
     dense_lora_expand(y, part, b, groups, cfg, use_pdl=True)

@@ -277,3 +277,33 @@ def test_dense_add_lora_linear_matches_vllm(slices, num_tokens, add_inputs):
     assert float((delta_got - delta_want).norm() / delta_want.norm()) < 2e-2
     no_adapter = (lora < 0).cpu()
     assert torch.equal(got.cpu()[no_adapter], y0.float().cpu()[no_adapter])
+
+
+def test_merged_column_apply_goes_through_add_lora_linear_with_one_rank():
+    """q/k/v and gate/up layers: vLLM's ``_mcp_apply`` zero-fills a buffer and calls shrink and
+    expand itself; with one rank the patched apply hands the layer's stacks to
+    ``add_lora_linear`` (our ops) and returns the base output with the delta added in place."""
+    from kernels import vllm_cuda_dense
+
+    calls = []
+    w = torch.randn(6, 4)
+
+    def add_lora_linear(y, x, a, b, scale, slices):
+        calls.append((y.shape, x.shape, a, b, scale, slices))
+        y += 1.0
+
+    layer = SimpleNamespace(
+        tp_size=1, base_layer="base", lora_a_stacked=("a",), lora_b_stacked=("b",),
+        output_slices=(4, 1, 1),
+        _get_quant_method=lambda: SimpleNamespace(apply=lambda base, x, bias: x @ w),
+        punica_wrapper=SimpleNamespace(add_lora_linear=add_lora_linear))
+    x = torch.randn(2, 3, 6)
+    out = vllm_cuda_dense._mcp_apply(x, None, layer)
+    assert out.shape == (2, 3, 4) and torch.allclose(out, x @ w + 1.0)
+    assert calls == [((6, 4), (6, 6), ("a",), ("b",), 1.0, (4, 1, 1))]
+    sharded = SimpleNamespace(tp_size=2)
+    vllm_cuda_dense._originals["_mcp_apply"] = lambda x, bias, layer: "vllm's own"
+    try:
+        assert vllm_cuda_dense._mcp_apply(x, None, sharded) == "vllm's own"
+    finally:
+        vllm_cuda_dense._originals.pop("_mcp_apply")
