@@ -35,7 +35,7 @@ from benchmarks.serving_phases import Workload, print_table, run_phases
 RUN_SWITCH = {"base": None, "loraplex": "1", "stock": "0"}
 
 
-def prepare(model: str, workdir: Path) -> dict:
+def prepare(model: str, workdir: Path, max_graph: int = 64) -> dict:
     """Model folder, adapter folders and engine arguments of ``model`` (done once, in the parent)."""
     if model.startswith("gptoss"):
         from benchmarks.gpt_oss_dummy import ENGINE_ARGS, write_adapters, write_model_dir
@@ -43,7 +43,7 @@ def prepare(model: str, workdir: Path) -> dict:
         model_dir = write_model_dir(workdir, mxfp4=model.endswith("mxfp4"))
         adapters = write_adapters(workdir / "adapters", 8, 32, 0.002)
         engine = dict(ENGINE_ARGS, max_model_len=4096,
-                      compilation_config={"max_cudagraph_capture_size": 64})
+                      compilation_config={"max_cudagraph_capture_size": max_graph})
         return {"model": str(model_dir), "adapters": [str(a) for a in adapters], "rank": 32,
                 "engine": engine, "balanced_dummy": True, "vocab": (1000, 200000)}
     from app.embedded.adapters import build_peft_adapter
@@ -106,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out-len", type=int, default=600)
     ap.add_argument("--burst-reps", type=int, default=2)
     ap.add_argument("--per-worker", type=int, default=3)
+    ap.add_argument("--max-graph", type=int, default=64,
+                    help="GPU models: largest batch (tokens) run as a CUDA graph; steps with "
+                         "more tokens (prefill) run eagerly, their launches issued by the CPU")
     ap.add_argument("--workdir", default=None, help="default: a new temporary folder")
     ap.add_argument("--json", default=None)
     ap.add_argument("--child", nargs=3, metavar=("RUN", "SPEC", "OUT"), help=argparse.SUPPRESS)
@@ -121,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown runs {unknown}; choose from {sorted(RUN_SWITCH)}")
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="loraplex-serving-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    spec = prepare(args.model, workdir)
+    spec = prepare(args.model, workdir, args.max_graph)
     spec["workload"] = vars(Workload(conc=args.conc, in_len=args.in_len, out_len=args.out_len,
                                      burst_reps=args.burst_reps, per_worker=args.per_worker))
     spec_path = workdir / "spec.json"

@@ -128,6 +128,8 @@ def main() -> None:
     ap.add_argument("--decode-steps", type=int, default=128,
                     help="decode phase: --prompts requests of 32 tokens, this many new tokens")
     ap.add_argument("--top", type=int, default=12)
+    ap.add_argument("--cprofile", type=int, default=0, metavar="N",
+                    help="also profile the prefill passes' Python (host) time: top N functions")
     args = ap.parse_args()
 
     in_process_engine_env()
@@ -153,9 +155,33 @@ def main() -> None:
                  f"{label}: decode, {args.prompts} requests (+ one small prefill step)")
         report[name] = print_tables(title, steps, with_k, without_k, (wall_with, wall_without),
                                     args.top)
+    if args.cprofile:
+        report["host"] = host_profile(llm, prefill, paths, args.cprofile)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
+
+
+def host_profile(llm, batches, paths, top: int) -> dict:
+    """The prefill passes (with adapters, then none) under ``cProfile``: where the host's time
+    goes in a step that runs without CUDA graphs. Prints the top functions by own time."""
+    import cProfile
+    import io
+    import pstats
+
+    out = {}
+    for label, loras in (("with adapters", True), ("without", False)):
+        prof = cProfile.Profile()
+        prof.enable()
+        profile_pass(llm, batches, 1, loras, paths)
+        prof.disable()
+        buf = io.StringIO()
+        stats = pstats.Stats(prof, stream=buf)
+        stats.sort_stats("tottime").print_stats(top)
+        print(f"\nhost profile, prefill {label} ({len(batches)} steps), by own time:")
+        print("\n".join(buf.getvalue().splitlines()[-top - 3:]))
+        out[label] = buf.getvalue()
+    return out
 
 
 if __name__ == "__main__":

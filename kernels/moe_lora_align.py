@@ -38,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_launch import CachedLauncher
+from kernels.triton_launch import CachedLauncher, cdiv, next_pow2
 
 
 @dataclass
@@ -64,7 +64,7 @@ def max_num_blocks(num_rows: int, num_pairs: int, block_m: int) -> int:
     """Upper bound of the blocks any routing of ``num_rows`` rows over ``num_pairs`` pairs needs."""
     if num_rows == 0:
         return 0
-    return min(num_rows, triton.cdiv(num_rows, block_m) + min(num_rows, num_pairs) - 1)
+    return min(num_rows, cdiv(num_rows, block_m) + min(num_rows, num_pairs) - 1)
 
 
 ALIGN_CHUNKS = (256, 1024, 4096)
@@ -227,7 +227,7 @@ def align_moe_lora(
     num_rows = num_tokens * top_k
     num_slots = enabled.shape[0]
     num_pairs = num_slots * num_experts
-    pairs_p2 = triton.next_power_of_2(num_pairs + 1)
+    pairs_p2 = next_pow2(num_pairs + 1)
     dev = topk_ids.device
     if enabled.dtype != torch.int32:
         enabled = enabled.to(torch.int32)
@@ -243,7 +243,7 @@ def align_moe_lora(
     # one buffer, each part starting on a 16-byte boundary: Triton specialises pointer arguments
     # on that alignment, so offsets that varied with max_blocks (i.e. with M) compiled new
     # kernel variants while serving
-    num_chunks = triton.cdiv(num_rows, PARALLEL_CHUNK) if parallel else 1
+    num_chunks = cdiv(num_rows, PARALLEL_CHUNK) if parallel else 1
     sizes = (num_chunks * pairs_p2, 1, max_blocks, max_blocks, max_blocks * block_m,
              num_chunks * pairs_p2 if parallel else 0)
     starts = [0]

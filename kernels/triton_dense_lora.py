@@ -19,6 +19,7 @@ only on M (CUDA-graph safe); M-dependent integers are not specialised on.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -26,7 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_launch import CachedLauncher
+from kernels.triton_launch import CachedLauncher, cdiv, next_pow2
+from kernels.triton_moe_lora import split_k_plan
 
 MAX_SLICES = 3
 
@@ -42,6 +44,7 @@ class DenseLoRAConfig:
     num_warps: int = 4
 
 
+@functools.lru_cache(maxsize=None)
 def dense_config(m: int, in_features: int, num_slices: int = 1) -> DenseLoRAConfig:
     """Heuristic tiles for ``m`` tokens: small row blocks and split-K while few blocks are live
     (decode: each slot's A is streamed once, split over enough programs to fill the GPU); large
@@ -234,7 +237,7 @@ def group_tokens(token_lora: torch.Tensor, num_groups: int) -> TokenGroups:
 
 
 def _rank_pad(rank: int) -> int:
-    return max(16, triton.next_power_of_2(rank))
+    return max(16, next_pow2(rank))
 
 
 def dense_lora_shrink(x: torch.Tensor, lora_a: Sequence[torch.Tensor], groups: TokenGroups,
@@ -248,18 +251,13 @@ def dense_lora_shrink(x: torch.Tensor, lora_a: Sequence[torch.Tensor], groups: T
     rank, in_features = a[0].shape[-2], a[0].shape[-1]
     rp = _rank_pad(rank)
     m = groups.num_tokens
-    block_k = min(cfg.block_k, max(16, triton.next_power_of_2(in_features)))
-    n_k_blocks = triton.cdiv(in_features, block_k)
-    split_k = max(1, min(cfg.split_k, n_k_blocks))
-    k_per_split = triton.cdiv(n_k_blocks, split_k) * block_k
-    split_k = triton.cdiv(in_features, k_per_split)
-    even_k = in_features % block_k == 0 and k_per_split * split_k == in_features
+    block_k, split_k, k_per_split, even_k = split_k_plan(in_features, cfg.block_k, cfg.split_k)
     part = torch.empty((split_k, m, num_slices * rp), dtype=torch.float32, device=x.device)
     if m == 0:
         return part
     assert x.stride(-1) == 1 and all(t.stride(-1) == 1 for t in a)
     assert all(t.stride() == a[0].stride() for t in a), "slices must share strides"
-    bpg = triton.cdiv(m, cfg.block_m)
+    bpg = cdiv(m, cfg.block_m)
     grid = (groups.num_groups * bpg, split_k, num_slices)
     _SHRINK(
         grid,
@@ -292,9 +290,9 @@ def dense_lora_expand(y: torch.Tensor, part: torch.Tensor, lora_b: Sequence[torc
     assert all(t.stride(-2) == b[0].stride(-2) for t in b), "slices must share row strides"
     bl = [t.stride(0) for t in b] + [0] * (MAX_SLICES - num_slices)
     assert y.shape[-1] >= sum(ns), (y.shape, ns)
-    block_n = min(cfg.block_n, max(16, triton.next_power_of_2(max(ns))))
-    bpg = triton.cdiv(m, cfg.block_m)
-    grid = (triton.cdiv(max(ns), block_n), groups.num_groups * bpg, num_slices)
+    block_n = min(cfg.block_n, max(16, next_pow2(max(ns))))
+    bpg = cdiv(m, cfg.block_m)
+    grid = (cdiv(max(ns), block_n), groups.num_groups * bpg, num_slices)
     _EXPAND(
         grid,
         y, b[0], b[min(1, num_slices - 1)], b[-1], part,

@@ -20,6 +20,16 @@ import torch
 _INT32 = (-(2**31), 2**31 - 1)
 
 
+def cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)`` for host code (``triton.cdiv`` costs microseconds per call)."""
+    return -(-a // b)
+
+
+def next_pow2(n: int) -> int:
+    """Smallest power of two >= n (n >= 1)."""
+    return 1 << (n - 1).bit_length()
+
+
 class CachedLauncher:
     """Launches ``fn`` (a ``@triton.jit`` function): ``launcher(grid, *leading_args,
     num_warps=, num_stages=, launch_pdl=, **the_remaining_parameters_by_name)``."""
@@ -32,41 +42,62 @@ class CachedLauncher:
         self.interpreted = params is None
         self.constexpr = [bool(p.is_constexpr) for p in params or ()]
         self.no_spec = [bool(getattr(p, "do_not_specialize", False)) for p in params or ()]
+        self._tensors = self._widths = self._values = None
+
+    def _layout(self, args: tuple) -> None:
+        """Sorts the parameter positions by what Triton specialises on (fixed per call site):
+        tensors (dtype, 16-byte alignment), ``do_not_specialize`` integers (32/64-bit class),
+        floats (nothing), the rest (value: constexprs, specialised integers, flags)."""
+        tensors, widths, values = [], [], []
+        for i, (a, const, no_spec) in enumerate(zip(args, self.constexpr, self.no_spec)):
+            if isinstance(a, torch.Tensor):
+                tensors.append(i)
+            elif const or isinstance(a, bool) or a is None:
+                values.append(i)
+            elif isinstance(a, float):
+                continue
+            elif isinstance(a, int) and no_spec:
+                widths.append(i)
+            else:
+                values.append(i)
+        self._tensors, self._widths, self._values = tuple(tensors), tuple(widths), tuple(values)
 
     def _key(self, args: tuple, options: tuple) -> tuple:
-        key = list(options)
-        for a, const, no_spec in zip(args, self.constexpr, self.no_spec):
-            if isinstance(a, torch.Tensor):
-                key.append((a.dtype, a.data_ptr() % 16 == 0))
-            elif const or isinstance(a, bool) or a is None:
-                key.append(a)
-            elif isinstance(a, int):
-                key.append(_INT32[0] <= a <= _INT32[1] if no_spec else a)
-            elif isinstance(a, float):
-                key.append("f")
-            else:
-                key.append(a)
-        return tuple(key)
+        if self._values is None:
+            self._layout(args)
+        try:
+            return (options, tuple([args[i] for i in self._values]),
+                    tuple([(args[i].dtype, args[i].data_ptr() % 16 == 0) for i in self._tensors]),
+                    tuple([_INT32[0] <= args[i] <= _INT32[1] for i in self._widths]))
+        except (AttributeError, TypeError):  # a position changed kind: sort again
+            self._layout(args)
+            return self._key(args, options)
 
     def __call__(self, grid: tuple, *leading, num_warps: int, num_stages: int | None = None,
                  launch_pdl: bool = False, **named) -> None:
         args = leading + tuple(named[n] for n in self.names[len(leading):])
-        options = {"num_warps": num_warps}
-        if num_stages is not None:
-            options["num_stages"] = num_stages
-        if launch_pdl:
-            options["launch_pdl"] = True
-        if self.interpreted:
-            self.fn[grid](*args, **options)
-            return
-        key = self._key(args, (num_warps, num_stages, launch_pdl))
-        kernel = self.variants.get(key)
+        kernel = None if self.interpreted else self.variants.get(
+            key := self._key(args, (num_warps, num_stages, launch_pdl)))
         if kernel is None:
+            options = {"num_warps": num_warps}
+            if num_stages is not None:
+                options["num_stages"] = num_stages
+            if launch_pdl:
+                options["launch_pdl"] = True
             kernel = self.fn[grid](*args, **options)
-            if kernel is not None:
+            if kernel is not None and not self.interpreted:
                 self.variants[key] = kernel
             return
         g1 = grid[1] if len(grid) > 1 else 1
         g2 = grid[2] if len(grid) > 2 else 1
-        kernel.run(grid[0], g1, g2, torch.cuda.current_stream().cuda_stream, kernel.function,
-                   kernel.packed_metadata, None, None, None, *args)
+        kernel.run(grid[0], g1, g2, _current_stream(), kernel.function, kernel.packed_metadata,
+                   None, None, None, *args)
+
+
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # what Triton's driver uses
+
+
+def _current_stream() -> int:
+    if _raw_stream is not None:
+        return _raw_stream(torch.cuda.current_device())
+    return torch.cuda.current_stream().cuda_stream

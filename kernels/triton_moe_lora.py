@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from kernels.moe_lora_align import MoELoRABlocks
-from kernels.triton_launch import CachedLauncher
+from kernels.triton_launch import CachedLauncher, cdiv, next_pow2
 from kernels.triton_moe_lora_configs import OpConfig
 
 
@@ -194,7 +194,21 @@ def as_slices(w: torch.Tensor | Sequence[torch.Tensor]) -> tuple[torch.Tensor, .
 
 
 def _rank_pad(rank: int) -> int:
-    return max(16, triton.next_power_of_2(rank))
+    return max(16, next_pow2(rank))
+
+
+@functools.lru_cache(maxsize=None)
+def split_k_plan(in_features: int, block_k: int, split_k: int) -> tuple[int, int, int, bool]:
+    """``(block_k, split_k, k_per_split, even_k)`` of a shrink over ``in_features`` for the
+    configured tile and split count: whole K tiles per split, no empty split, EVEN_K when no
+    mask is needed."""
+    block_k = min(block_k, max(16, next_pow2(in_features)))
+    n_k_blocks = cdiv(in_features, block_k)
+    split_k = max(1, min(split_k, n_k_blocks))
+    k_per_split = cdiv(n_k_blocks, split_k) * block_k
+    split_k = cdiv(in_features, k_per_split)
+    even_k = in_features % block_k == 0 and k_per_split * split_k == in_features
+    return block_k, split_k, k_per_split, even_k
 
 
 def pdl_supported(t: torch.Tensor) -> bool:
@@ -228,12 +242,7 @@ def moe_lora_shrink(
     rank, in_features = a[0].shape[-2], a[0].shape[-1]
     rp = _rank_pad(rank)
     bm = blocks.block_m
-    block_k = min(cfg.block_k, max(16, triton.next_power_of_2(in_features)))
-    n_k_blocks = triton.cdiv(in_features, block_k)
-    split_k = max(1, min(cfg.split_k, n_k_blocks))
-    k_per_split = triton.cdiv(n_k_blocks, split_k) * block_k
-    split_k = triton.cdiv(in_features, k_per_split)
-    even_k = in_features % block_k == 0 and k_per_split * split_k == in_features
+    block_k, split_k, k_per_split, even_k = split_k_plan(in_features, cfg.block_k, cfg.split_k)
     shape = (split_k, blocks.max_blocks * bm, num_slices * rp)
     if out is None:
         part = torch.empty(shape, dtype=torch.float32, device=x.device)
@@ -286,8 +295,8 @@ def moe_lora_expand(
         return
     assert y.stride(-1) == 1 and all(t.stride(-1) == 1 for t in b)
     assert y.shape[-1] >= num_slices * out_features, (y.shape, num_slices, out_features)
-    block_n = min(cfg.block_n, max(16, triton.next_power_of_2(out_features)))
-    grid = (triton.cdiv(out_features, block_n), blocks.max_blocks, num_slices)
+    block_n = min(cfg.block_n, max(16, next_pow2(out_features)))
+    grid = (cdiv(out_features, block_n), blocks.max_blocks, num_slices)
     tw = topk_weights.reshape(-1) if topk_weights is not None else part
     _EXPAND(
         grid,
