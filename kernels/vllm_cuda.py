@@ -17,7 +17,8 @@ comes from ``adapter_enabled`` (0 for an adapter without expert LoRA: its rows a
 ``install`` also warms the kernels up when vLLM sets up each MoE layer's LoRA
 (``kernels.vllm_cuda_warmup``), for MXFP4 experts keeps vLLM's Triton MXFP4 GEMMs instead of its
 fallback to Marlin under LoRA (``kernels.vllm_cuda_mxfp4``), and runs the dense (attention)
-LoRA through loraplex's ops too (``kernels.vllm_cuda_dense``).
+LoRA through loraplex's ops too (``kernels.vllm_cuda_dense``), and in steps without CUDA graphs
+skips modules for which no adapter of the step has weights (``kernels.vllm_cuda_live``).
 
 Cases vLLM's own path keeps (the original methods are called): expert parallelism
 (``expert_map`` or a per-rank token map), fully sharded LoRA, tensor parallelism > 1, and
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels import vllm_cuda_dense, vllm_cuda_mxfp4
+from kernels import vllm_cuda_dense, vllm_cuda_live, vllm_cuda_mxfp4
 from kernels.vllm_cuda_warmup import vllm_logger, warm_up_layer, watch_compiles
 SUPPORTED_PREFIX = "0.24."
 _SKIP = object()  # gate_up found no LoRA token: down skips too
@@ -83,6 +84,8 @@ def _apply_w13_lora(self, lora_context, *, y, x, topk_ids, topk_weights, expert_
         x.size(0), pw.lora_config.specialize_active_lora)
     if bool(no_lora_flag.item()):  # a CPU tensor: no device sync (vLLM's own early exit)
         return _SKIP, None, None, None
+    if vllm_cuda_live.skippable(ctx.w13_lora_a_stacked[0]):  # no adapter of the step has
+        return _SKIP, None, None, None                        # expert weights: nothing to add
     a13, b13 = ctx.w13_lora_a_stacked, ctx.w13_lora_b_stacked
     rank = a13[0].shape[-2]
     intermediate = ctx.w2_lora_a_stacked[0].shape[-1]
@@ -138,6 +141,7 @@ def install() -> None:
     FusedMoEWithLoRA.set_mapping = _set_mapping
     vllm_cuda_mxfp4.install()
     vllm_cuda_dense.install()
+    vllm_cuda_live.install()
     watch_compiles()
     vllm_logger().info("MoE-LoRA Triton ops (loraplex) installed for vLLM %s", vllm.__version__)
 
@@ -154,3 +158,4 @@ def uninstall() -> None:
     FusedMoEWithLoRA.set_mapping = _originals.pop("set_mapping")
     vllm_cuda_mxfp4.uninstall()
     vllm_cuda_dense.uninstall()
+    vllm_cuda_live.uninstall()

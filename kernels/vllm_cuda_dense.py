@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from kernels import vllm_cuda_live
 from kernels.vllm_cuda_warmup import compiling_on_purpose, vllm_logger
 
 # one representative M per config bucket of ``triton_dense_lora.dense_config``
@@ -101,6 +102,8 @@ def dense_lora_linear(y: torch.Tensor, x: torch.Tensor, lora_a: list[torch.Tenso
     from kernels.triton_moe_lora import pdl_supported
 
     if bool(no_lora_flag_cpu.item()):  # a CPU tensor: no device sync
+        return
+    if vllm_cuda_live.skippable(lora_a[0]):  # no adapter of this step targets the layer
         return
     layer = _layer(lora_a, lora_b)
     m = x.shape[0]

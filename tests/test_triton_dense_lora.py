@@ -124,3 +124,20 @@ def test_vllm_op_glue_matches_reference_and_honours_the_no_lora_flag():
                                       g.start, torch.tensor([False]))
     assert rel_err(y, ref) < (5e-3 if HAS_CUDA else 2e-4)
     assert rel_err(before, ref) > 1e-2
+
+
+@needs_triton
+def test_vllm_op_skips_a_layer_no_adapter_of_the_step_targets(monkeypatch):
+    from kernels import vllm_cuda_dense, vllm_cuda_live
+
+    y, x, a, b, lora = problem(11, 40, (24,), 3, 8, torch.float32, seed=4)
+    g = group_tokens(lora, 4)
+    monkeypatch.setattr(vllm_cuda_live, "_live", {a[0].data_ptr(): {2}})  # only slot 2 has it
+    monkeypatch.setattr(vllm_cuda_live, "_step", {"slots": frozenset({0, 1})})
+    before = y.clone()
+    args = (1.0, True, g.sorted_idx, g.slot, g.ntok, g.start, torch.tensor([False]))
+    vllm_cuda_dense.dense_lora_linear(y, x, a, b, *args)
+    assert torch.equal(y, before)
+    vllm_cuda_live._step["slots"] = frozenset({0, 2})
+    vllm_cuda_dense.dense_lora_linear(y, x, a, b, *args)
+    assert not torch.equal(y, before)

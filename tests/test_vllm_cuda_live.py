@@ -1,0 +1,60 @@
+"""``kernels.vllm_cuda_live``: per module, the slots holding weights; per step, the slots in use;
+a module is skipped only when they do not meet (and only for tracked modules)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from kernels import vllm_cuda_live as live
+
+
+@pytest.fixture(autouse=True)
+def _fresh(monkeypatch):
+    monkeypatch.setattr(live, "_live", {})
+    monkeypatch.setattr(live, "_step", {"slots": None})
+
+
+def manager_with(attn, router, experts):
+    """A stand-in LoRA manager: three modules (q/k/v, router, experts) and what each adapter
+    carries (adapter id -> module names)."""
+    modules = {"qkv": SimpleNamespace(lora_a_stacked=(attn, attn)),
+               "router": SimpleNamespace(lora_a_stacked=(router,)),
+               "experts": SimpleNamespace(w13_lora_a_stacked=(experts,), lora_a_stacked=[]),
+               "norm": SimpleNamespace()}
+    carries = {7: {"qkv", "experts"}, 8: {"qkv"}}
+    return SimpleNamespace(modules=modules, _get_lora_layer_weights=lambda lora, name: (
+        name in carries[lora.id]))
+
+
+def test_modules_without_weights_in_the_step_are_skipped():
+    attn, router, experts = torch.zeros(4), torch.zeros(4), torch.zeros(4)
+    mgr = manager_with(attn, router, experts)
+    live.record_slot(mgr, 0, SimpleNamespace(id=7))  # attention + experts in slot 0
+    live.record_slot(mgr, 1, SimpleNamespace(id=8))  # attention only in slot 1
+    assert not any(live.skippable(t) for t in (attn, router, experts))  # no step yet
+    live.record_step((8, 8, 0, 8), [7, 8, None])  # tokens on adapter 8 (slot 1) or none
+    assert live.skippable(router) and live.skippable(experts) and not live.skippable(attn)
+    live.record_step((7, 0), [7, 8, None])
+    assert live.skippable(router) and not live.skippable(experts)
+    live.record_slot(mgr, 0, SimpleNamespace(id=8))  # slot 0 reused by an attention-only one
+    assert live.skippable(experts)
+    assert not live.skippable(torch.zeros(4))  # an untracked module is never skipped
+
+
+def test_wrapped_methods_record_slots_and_steps():
+    attn, router, experts = torch.zeros(4), torch.zeros(4), torch.zeros(4)
+    mgr = manager_with(attn, router, experts)
+    mgr.lora_index_to_id = [None, 7]
+    mgr._registered_adapters = {7: SimpleNamespace(id=7)}
+    live._originals["activate_adapter"] = lambda self, lora_id: True
+    live._originals["update_metadata"] = lambda self, mapping, ids, n, v, **kw: None
+    try:
+        assert live._activate_adapter(mgr, 7) is True
+        live._update_metadata(None, SimpleNamespace(index_mapping=(7, 7, 0)), [None, 7], 9, 100)
+    finally:
+        live._originals.clear()
+    assert live._step["slots"] == frozenset({1})
+    assert live.skippable(router) and not live.skippable(attn) and not live.skippable(experts)
