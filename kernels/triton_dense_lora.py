@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from kernels.triton_launch import CachedLauncher, cdiv, next_pow2
-from kernels.triton_moe_lora import split_k_plan
+from kernels.triton_moe_lora import _shrink_tile, split_k_plan
 
 MAX_SLICES = 3
 
@@ -108,25 +108,9 @@ def _dense_lora_shrink_kernel(
             a_base = a2_ptr
     a_base += slot.to(tl.int64) * stride_al
     offs_r = tl.arange(0, RP)
-    k_start = pid_s * k_per_split
-    offs_k = k_start + tl.arange(0, BLOCK_K)
-    x_ptrs = x_ptr + rows.to(tl.int64)[:, None] * stride_xm + offs_k[None, :]
-    a_ptrs = a_base + offs_r[:, None] * stride_ar + offs_k[None, :]
-    acc = tl.zeros([BM, RP], dtype=tl.float32)
-    for k in range(k_start, k_start + k_per_split, BLOCK_K):
-        if EVEN_K:
-            xt = tl.load(x_ptrs, mask=row_ok[:, None], other=0.0)
-            if EVEN_R:
-                at = tl.load(a_ptrs)
-            else:
-                at = tl.load(a_ptrs, mask=offs_r[:, None] < rank, other=0.0)
-        else:
-            k_ok = (k + tl.arange(0, BLOCK_K)) < in_features
-            xt = tl.load(x_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            at = tl.load(a_ptrs, mask=(offs_r[:, None] < rank) & k_ok[None, :], other=0.0)
-        acc += tl.dot(xt, tl.trans(at))
-        x_ptrs += BLOCK_K
-        a_ptrs += BLOCK_K
+    acc = _shrink_tile(x_ptr, a_base, rows.to(tl.int64), row_ok, pid_s * k_per_split,
+                       k_per_split, in_features, rank, stride_xm, stride_ar, BM, RP, BLOCK_K,
+                       EVEN_K, EVEN_R)
     if HAS_SCALE:
         acc *= scale
     p_ptrs = (part_ptr + pid_s * stride_ps + pos.to(tl.int64)[:, None] * stride_pm

@@ -67,6 +67,35 @@ def _program_block(
     return live, slot, expert, rows, row_ok
 
 
+@triton.jit
+def _shrink_tile(x_ptr, a_base, x_rows, row_ok, k_start, k_len, in_features, rank,
+                 stride_xm, stride_ar, BM: tl.constexpr, RP: tl.constexpr,
+                 BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, EVEN_R: tl.constexpr):
+    """fp32 ``[BM, RP]`` = ``x[x_rows, k_start:k_start+k_len] @ A[:, k_start:...]^T`` for one
+    block of rows (``x_rows`` int64 row indices, ``row_ok`` mask) and one adapter's ``A``
+    (``a_base``: its ``[r, in]`` matrix); masks only where EVEN_K / EVEN_R say so."""
+    offs_r = tl.arange(0, RP)
+    offs_k = k_start + tl.arange(0, BLOCK_K)
+    x_ptrs = x_ptr + x_rows[:, None] * stride_xm + offs_k[None, :]
+    a_ptrs = a_base + offs_r[:, None] * stride_ar + offs_k[None, :]
+    acc = tl.zeros([BM, RP], dtype=tl.float32)
+    for k in range(k_start, k_start + k_len, BLOCK_K):
+        if EVEN_K:
+            xt = tl.load(x_ptrs, mask=row_ok[:, None], other=0.0)
+            if EVEN_R:
+                at = tl.load(a_ptrs)
+            else:
+                at = tl.load(a_ptrs, mask=offs_r[:, None] < rank, other=0.0)
+        else:
+            k_ok = (k + tl.arange(0, BLOCK_K)) < in_features
+            xt = tl.load(x_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            at = tl.load(a_ptrs, mask=(offs_r[:, None] < rank) & k_ok[None, :], other=0.0)
+        acc += tl.dot(xt, tl.trans(at))
+        x_ptrs += BLOCK_K
+        a_ptrs += BLOCK_K
+    return acc
+
+
 @triton.jit(do_not_specialize=["k_per_split"])
 def _moe_lora_shrink_kernel(
     x_ptr, a0_ptr, a1_ptr, part_ptr,
@@ -97,25 +126,8 @@ def _moe_lora_shrink_kernel(
         if pid_slice == 1:
             a_base = a1_ptr
     a_base += slot.to(tl.int64) * stride_al + expert.to(tl.int64) * stride_ae
-    k_start = pid_s * k_per_split
-    offs_k = k_start + tl.arange(0, BLOCK_K)
-    x_ptrs = x_ptr + x_rows[:, None] * stride_xm + offs_k[None, :]
-    a_ptrs = a_base + offs_r[:, None] * stride_ar + offs_k[None, :]
-    acc = tl.zeros([BM, RP], dtype=tl.float32)
-    for k in range(k_start, k_start + k_per_split, BLOCK_K):
-        if EVEN_K:
-            xt = tl.load(x_ptrs, mask=row_ok[:, None], other=0.0)
-            if EVEN_R:
-                at = tl.load(a_ptrs)
-            else:
-                at = tl.load(a_ptrs, mask=offs_r[:, None] < rank, other=0.0)
-        else:
-            k_ok = (k + tl.arange(0, BLOCK_K)) < in_features
-            xt = tl.load(x_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            at = tl.load(a_ptrs, mask=(offs_r[:, None] < rank) & k_ok[None, :], other=0.0)
-        acc += tl.dot(xt, tl.trans(at))
-        x_ptrs += BLOCK_K
-        a_ptrs += BLOCK_K
+    acc = _shrink_tile(x_ptr, a_base, x_rows, row_ok, pid_s * k_per_split, k_per_split,
+                       in_features, rank, stride_xm, stride_ar, BM, RP, BLOCK_K, EVEN_K, EVEN_R)
     p_ptrs = (part_ptr + pid_s * stride_ps + (pid_b * BM + offs_m)[:, None] * stride_pm
               + pid_slice * RP + offs_r[None, :])
     tl.store(p_ptrs, acc, mask=row_ok[:, None])
