@@ -8,7 +8,8 @@ Tuned configs live in ``kernels/configs/moe_lora_<device>.json`` (written by ``k
 A layer config holds the block size shared by the four ops, whether the expand launches with
 programmatic dependent launch (``pdl``), whether rows skip the sort (``naive``, one row per block,
 for tiny batches), whether the sort runs as the parallel two-launch variant (``align_parallel``,
-large batches; absent: false) and one entry per op::
+large batches; absent: false), whether a naive layout runs each projection as one fused launch
+(``fused``, ``kernels.triton_moe_lora_fused``; absent: false) and one entry per op::
 
     {"block_m": 16, "pdl": false, "naive": false, "align_parallel": false,
      "shrink13": {"block_k": 64, "split_k": 8, "num_warps": 4, "num_stages": 3},
@@ -73,7 +74,8 @@ def parse_layer_config(raw: dict) -> dict:
     """JSON layer config → the dict the ops take (``OpConfig`` per op)."""
     out = {"block_m": int(raw["block_m"]), "pdl": bool(raw.get("pdl", False)),
            "naive": bool(raw.get("naive", False)),
-           "align_parallel": bool(raw.get("align_parallel", False))}
+           "align_parallel": bool(raw.get("align_parallel", False)),
+           "fused": bool(raw.get("fused", False))}
     for op in OPS:
         out[op] = OpConfig(**raw[op])
     return out
@@ -83,7 +85,8 @@ def dump_layer_config(cfg: dict) -> dict:
     """Inverse of ``parse_layer_config``."""
     out = {"block_m": cfg["block_m"], "pdl": bool(cfg.get("pdl", False)),
            "naive": bool(cfg.get("naive", False)),
-           "align_parallel": bool(cfg.get("align_parallel", False))}
+           "align_parallel": bool(cfg.get("align_parallel", False)),
+           "fused": bool(cfg.get("fused", False))}
     for op in OPS:
         out[op] = asdict(cfg[op])
     return out

@@ -14,6 +14,7 @@ import torch
 from kernels.moe_lora_align import ALIGN_CHUNKS, PARALLEL_CHUNK, align_moe_lora
 from kernels.triton_moe_lora import as_slices, moe_lora_expand, moe_lora_shrink, pdl_supported
 from kernels.triton_moe_lora_configs import get_layer_config
+from kernels.triton_moe_lora_fused import moe_lora_fused
 
 
 class MoELoRAOps:
@@ -46,10 +47,15 @@ class MoELoRAOps:
         self.blocks = align_moe_lora(topk_ids, token_lora, enabled, num_experts,
                                      int(self.cfg["block_m"]), naive=bool(self.cfg.get("naive")),
                                      parallel=bool(self.cfg.get("align_parallel")))
+        self.fused = self.blocks.naive and bool(self.cfg.get("fused"))
 
     def add_w13(self, y13: torch.Tensor, x: torch.Tensor, a13, b13,
                 scaling: torch.Tensor | None = None, add_inputs: bool = True) -> None:
         """gate_up: ``y13 [M*K, 2I] (+)= scale * (x A13^T) B13^T`` for rows with expert LoRA."""
+        if self.fused:
+            moe_lora_fused(y13, x, a13, b13, self.blocks, self.blocks.top_k, scaling=scaling,
+                           add_inputs=add_inputs)
+            return
         part = moe_lora_shrink(x, a13, self.blocks, self.blocks.top_k, self.cfg["shrink13"],
                                use_pdl=self.use_pdl)
         moe_lora_expand(y13, part, b13, self.blocks, self.cfg["expand13"], scaling=scaling,
@@ -58,6 +64,10 @@ class MoELoRAOps:
     def add_w2(self, y2: torch.Tensor, h: torch.Tensor, a2, b2, topk_weights: torch.Tensor | None,
                scaling: torch.Tensor | None = None, add_inputs: bool = True) -> None:
         """down: ``y2 [M*K, H] (+)= scale * w * (h A2^T) B2^T`` with ``h [M*K, I]``."""
+        if self.fused:
+            moe_lora_fused(y2, h, a2, b2, self.blocks, 1, scaling=scaling,
+                           topk_weights=topk_weights, add_inputs=add_inputs)
+            return
         part = moe_lora_shrink(h, a2, self.blocks, 1, self.cfg["shrink2"], use_pdl=self.use_pdl)
         moe_lora_expand(y2, part, b2, self.blocks, self.cfg["expand2"], scaling=scaling,
                         topk_weights=topk_weights, add_inputs=add_inputs, use_pdl=self.use_pdl)

@@ -4,7 +4,8 @@ For each M bucket and each block size BM: the sort (single program, or the paral
 variant when the rows span several of its chunks) is timed, the faster kept; every shrink config
 (block_k, split_k, warps, stages) is timed, the fastest kept; then every expand config (block_n,
 warps) on that shrink's partials; the BM with the lowest sum over the four ops plus the sort
-wins; last, PDL on/off for the whole layer. Times are CUDA-graph replays over distinct layers
+wins; then PDL on/off for the whole layer; last, for a naive layout, one fused launch per
+projection (``kernels.triton_moe_lora_fused``) against the op pairs. Times are CUDA-graph replays over distinct layers
 (weights from HBM), median.
 
 Run on the GPU machine: ``python -m kernels.tune [--model gpt-oss-20b|qwen3-30b-a3b]
@@ -183,6 +184,23 @@ def tune_m(p: Problem, m: int, gen: torch.Generator, spaces: tuple[dict, dict] =
             log(f"M={m}: layer {off:.1f} us without PDL, {on:.1f} with")
         except Exception as exc:
             log(f"M={m}: PDL failed: {exc!r}"[:300])
+    if best_cfg["naive"]:  # tiny batch: one fused launch per projection instead of a pair
+        from kernels.triton_moe_lora_fused import moe_lora_fused
+
+        def fused_layer():
+            for l in range(n):
+                blk = align_moe_lora(ids[l], slot, enabled, p.e, best_cfg["block_m"], True)
+                moe_lora_fused(y13, x, p.a13[l], p.b13[l], blk, K)
+                moe_lora_fused(y2, hh, p.a2[l], p.b2[l], blk, 1, topk_weights=tw[l])
+            return y2
+
+        pair = min(report.get("layer_pdl_off", best_total), report.get("layer_pdl_on", best_total))
+        try:
+            report["layer_fused"] = fused = graph_us(fused_layer, n)
+            best_cfg["fused"] = fused < 0.97 * pair
+            log(f"M={m}: layer {pair:.1f} us as op pairs, {fused:.1f} fused")
+        except Exception as exc:
+            log(f"M={m}: fused failed: {exc!r}"[:300])
     del best_blocks
     return best_cfg, report
 

@@ -59,10 +59,11 @@ def test_interpreter_suite_in_fresh_process():
 
 
 def forced_config(block_m: int, split_k: int, block_k: int, block_n: int,
-                  naive: bool = False, parallel: bool = False) -> dict:
+                  naive: bool = False, parallel: bool = False, fused: bool = False) -> dict:
     shrink = OpConfig(block_k=block_k, split_k=split_k, num_warps=4, num_stages=2)
     expand = OpConfig(block_n=block_n, num_warps=4, num_stages=2)
     return {"block_m": block_m, "pdl": False, "naive": naive, "align_parallel": parallel,
+            "fused": fused,
             "shrink13": shrink, "expand13": expand, "shrink2": shrink, "expand2": expand}
 
 
@@ -77,6 +78,7 @@ CASES = [
     (21, 56, 40, 4, 2, 3, 64, "silu", forced_config(32, 2, 32, 16)),
     (1, 48, 32, 7, 2, 2, 16, "swigluoai", forced_config(16, 5, 16, 16)),
     (5, 40, 24, 5, 3, 3, 8, "silu", forced_config(16, 2, 16, 16, naive=True)),
+    (4, 40, 24, 5, 3, 3, 8, "swigluoai", forced_config(16, 2, 16, 16, naive=True, fused=True)),
     (300, 40, 24, 5, 4, 3, 8, "silu", forced_config(16, 2, 16, 16, parallel=True)),
 ]
 
@@ -282,3 +284,48 @@ def test_parallel_align_builds_the_same_blocks(num_tokens, top_k, bm):
     for b, n in enumerate(one.block_nrows[:nb].cpu().tolist()):
         got = sorted(par.sorted_rows[b * bm : b * bm + n].cpu().tolist())
         assert got == sorted(one.sorted_rows[b * bm : b * bm + n].cpu().tolist())
+
+
+FUSED_CASES = [
+    # T, H, I, E, K, L, r, slices (gate_up), add_inputs
+    (3, 40, 24, 5, 2, 3, 8, 1, True),
+    (5, 72, 48, 6, 3, 2, 24, 2, False),
+    (1, 56, 40, 4, 2, 3, 64, 1, True),
+]
+
+
+@needs_triton
+@pytest.mark.parametrize("case", FUSED_CASES, ids=lambda c: f"T{c[0]}H{c[1]}S{c[7]}r{c[6]}")
+def test_fused_single_launch_equals_the_op_pair(case):
+    """The one-launch path for tiny batches gives what shrink + expand give (naive layout),
+    for gate_up (1 or 2 slices, scale) and down (routing weights), adding or overwriting."""
+    from kernels.triton_moe_lora import moe_lora_expand, moe_lora_shrink
+    from kernels.triton_moe_lora_fused import moe_lora_fused
+
+    t, h, i, e, k, n_slots, r, slices, add = case
+    g = torch.Generator().manual_seed(t * 7 + h)
+    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)]).to(torch.int32)
+    lora = torch.randint(-1, n_slots, (t,), generator=g, dtype=torch.int32)
+    lora[0] = 0
+    enabled = torch.ones(n_slots, dtype=torch.int32)
+    enabled[n_slots - 1] = 0
+    ids, lora, enabled = ids.to(DEV), lora.to(DEV), enabled.to(DEV)
+    blocks = align_moe_lora(ids, lora, enabled, e, 16, naive=True)
+    rnd = lambda *s: torch.randn(*s, generator=g).to(DEV)  # noqa: E731
+    a13 = [rnd(n_slots, e, r, h) / h**0.5 for _ in range(slices)]
+    b13 = [rnd(n_slots, e, i * 2 // slices, r) for _ in range(slices)]
+    a2, b2 = rnd(n_slots, e, r, i) / i**0.5, rnd(n_slots, e, h, r)
+    x, hh = rnd(t, h), rnd(t * k, i)
+    scale = torch.rand(n_slots, generator=g).to(DEV) + 0.5
+    tw = torch.rand(t, k, generator=g).to(DEV)
+    cfg = OpConfig(block_k=16, split_k=2, block_n=16, num_warps=4, num_stages=2)
+    for xin, a, b, div, n_out, w, sc in ((x, a13, b13, k, 2 * i, None, scale),
+                                         (hh, [a2], [b2], 1, h, tw, None)):
+        y0 = rnd(t * k, n_out)
+        want, got = y0.clone(), y0.clone()
+        part = moe_lora_shrink(xin, a, blocks, div, cfg)
+        moe_lora_expand(want, part, b, blocks, cfg, scaling=sc, topk_weights=w, add_inputs=add)
+        moe_lora_fused(got, xin, a, b, blocks, div, scaling=sc, topk_weights=w, add_inputs=add,
+                       block_k=16, block_n=16)
+        assert rel_err(got, want) < TOL_F32
+        assert rel_err(y0, want) > 1e-2
