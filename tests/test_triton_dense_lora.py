@@ -1,8 +1,8 @@
 """Triton dense LoRA ops (``kernels.triton_dense_lora``) against a float64 PyTorch reference.
 
-Without CUDA they run under the Triton interpreter (set up by ``tests.test_triton_moe_lora``,
-whose fresh-process fallback also runs this file); on a GPU also at GPT-OSS-20B attention shapes
-in bf16.
+Without CUDA they run under the Triton interpreter (``tests.triton_interpret``; the fresh-process
+fallback of ``tests/test_triton_moe_lora.py`` also runs this file); on a GPU also at GPT-OSS-20B and
+Qwen3-30B-A3B attention shapes in bf16.
 """
 
 from __future__ import annotations
@@ -93,11 +93,16 @@ def test_no_adapter_tokens_leave_output_untouched():
     assert torch.equal(y, before)
 
 
-@pytest.mark.skipif(not HAS_CUDA, reason="GPT-OSS-20B shapes need a CUDA GPU")
+# attention projections: (input width, output slices)
+ATTENTION = {"gpt-oss-20b-qkv": (2880, (4096, 512, 512)), "gpt-oss-20b-o": (4096, (2880,)),
+             "qwen3-30b-a3b-qkv": (2048, (4096, 512, 512)), "qwen3-30b-a3b-o": (4096, (2048,))}
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="real model shapes need a CUDA GPU")
 @pytest.mark.parametrize("m", [1, 16, 300, 1616])
-@pytest.mark.parametrize("proj", ["qkv", "o"])
-def test_gpt_oss_attention_shapes_bf16(m, proj):
-    k, ns = (2880, (4096, 512, 512)) if proj == "qkv" else (4096, (2880,))
+@pytest.mark.parametrize("proj", sorted(ATTENTION))
+def test_real_attention_shapes_bf16(m, proj):
+    k, ns = ATTENTION[proj]
     y, x, a, b, lora = problem(m, k, ns, 8, 32, torch.bfloat16, seed=m)
     groups = group_tokens(lora, 9)
     cfg = dense_config(m, k, len(ns))
