@@ -257,9 +257,8 @@ def align_moe_lora(
     elif parallel:
         args = (ids, token_lora, enabled, num_rows, top_k, num_experts, hist)
         _COUNT((num_chunks,), *args, PAIRS_P2=pairs_p2, CHUNK=PARALLEL_CHUNK, num_warps=4)
-        _PLACE(
-            (num_chunks,), *args, num_chunks, cursor, sorted_rows, block_pair, block_nrows, num_blocks,
-            PAIRS_P2=pairs_p2, CHUNK=PARALLEL_CHUNK, BM=block_m, num_warps=4)
+        _PLACE((num_chunks,), *args, num_chunks, cursor, sorted_rows, block_pair, block_nrows,
+               num_blocks, PAIRS_P2=pairs_p2, CHUNK=PARALLEL_CHUNK, BM=block_m, num_warps=4)
     else:
         chunk = align_chunk(num_rows)
         _ALIGN(

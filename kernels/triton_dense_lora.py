@@ -7,7 +7,8 @@ grouped by slot, and per group ``g`` its slot ``group_slot[g]`` (-1: no adapter)
 rows ``[j*BM, (j+1)*BM)`` of group ``b // blocks_per_group``; programs past a group's tokens
 and groups without a slot exit at once. Then
 
-- shrink: ``part[s, p, slice*RP + r] = scale * sum_{k in split s} x[sorted_idx[p], k] * A[slot, r, k]``
+- shrink: ``part[s, p, slice*RP + r] = scale * sum_{k in split s} x[sorted_idx[p], k] *
+  A[slot, r, k]``
   (fp32 partials at the token's sorted position ``p``: no atomics, no zero-fill);
 - expand: ``y[t, off_slice + n] (+)= sum_r (sum_s part[s, p, slice*RP + r]) * B[slot, n, r]``
   (split-K reduction while loading, the add fused; PDL lets B and y load during the shrink).
