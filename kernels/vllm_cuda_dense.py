@@ -10,7 +10,7 @@ zero-fill, a split-K shrink with atomics and an expand (three launches, default 
 per-step metadata vLLM prepares outside CUDA graphs (tokens grouped by slot in
 ``token_mapping_meta``), so it is CUDA-graph safe exactly as vLLM's is.
 
-Per layer the first call (vLLM's profile run, before graph capture and serving) compiles every
+Per layer shape the first call (vLLM's profile run, before graph capture and serving) compiles every
 variant the batch-size buckets can launch, so no compile happens while serving. Cases vLLM's
 own path keeps: more than three slices, dtypes other than bf16/fp16, non-CUDA tensors.
 """
@@ -26,6 +26,7 @@ from kernels.vllm_cuda_warmup import compiling_on_purpose, vllm_logger
 WARM_UP_MS = (1, 65, 513, 4097)
 _originals: dict[str, object] = {}
 _layers: dict[tuple, "_Layer"] = {}  # (A data_ptr, B data_ptr, slices) -> warmed-up layer
+_warmed_shapes: set[tuple] = set()  # (A shapes, B shapes, dtype, device) compiled for
 
 
 class _Layer:
@@ -55,7 +56,10 @@ def _layer(lora_a: list[torch.Tensor], lora_b: list[torch.Tensor]) -> _Layer:
     layer = _layers.get(key)
     if layer is None:
         layer = _Layer(lora_a, lora_b)
-        if _warm_up(layer):
+        shape = (tuple(t.shape for t in layer.a), tuple(t.shape for t in layer.b),
+                 layer.a[0].dtype, layer.a[0].device)
+        if shape in _warmed_shapes or _warm_up(layer):  # variants compile once per shape
+            _warmed_shapes.add(shape)
             _layers[key] = layer
     return layer
 
