@@ -73,23 +73,30 @@ def family_ms(events) -> dict[str, float]:
     return dict(out)
 
 
-def profile_pass(llm, batches, max_tokens: int, loras: bool, paths) -> tuple[dict, float]:
+def run_batches(llm, batches, max_tokens: int, loras: bool, paths) -> float:
     """Runs ``batches`` (lists of prompts, one ``generate`` call each; request i of batch b on
-    adapter (b + i) % adapters when ``loras``) under the profiler; (per-kernel ms, wall ms)."""
+    adapter (b + i) % adapters when ``loras``); wall ms to the last kernel's end."""
     import torch
     from vllm import SamplingParams
 
     sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for b, prompts in enumerate(batches):  # batch b starts on adapter b (rotates)
+        lr = adapter_requests(paths, b + len(prompts))[b:] if loras else None
+        llm.generate([{"prompt_token_ids": p} for p in prompts], sp, lora_request=lr,
+                     use_tqdm=False)
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def profile_pass(llm, batches, max_tokens: int, loras: bool, paths) -> tuple[dict, float]:
+    """``run_batches`` under the CUDA profiler: (per-kernel ms, wall ms)."""
+    import torch
+
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        t0 = time.perf_counter()
-        for b, prompts in enumerate(batches):  # batch b starts on adapter b (rotates)
-            lr = adapter_requests(paths, b + len(prompts))[b:] if loras else None
-            llm.generate([{"prompt_token_ids": p} for p in prompts], sp, lora_request=lr,
-                         use_tqdm=False)
-        torch.cuda.synchronize()
-        wall = time.perf_counter() - t0
-    return kernel_ms(prof.events()), wall * 1e3
+        wall = run_batches(llm, batches, max_tokens, loras, paths)
+    return kernel_ms(prof.events()), wall
 
 
 def print_tables(title: str, steps: int, with_k: dict, without_k: dict, walls, top: int) -> dict:
@@ -173,7 +180,7 @@ def host_profile(llm, batches, paths, top: int) -> dict:
     for label, loras in (("with adapters", True), ("without", False)):
         prof = cProfile.Profile()
         prof.enable()
-        profile_pass(llm, batches, 1, loras, paths)
+        run_batches(llm, batches, 1, loras, paths)
         prof.disable()
         buf = io.StringIO()
         stats = pstats.Stats(prof, stream=buf)
