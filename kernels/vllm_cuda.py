@@ -15,10 +15,10 @@ nothing is copied. vLLM folds the LoRA scaling into B, so no scale is applied he
 comes from ``adapter_enabled`` (0 for an adapter without expert LoRA: its rows are skipped).
 
 ``install`` also warms the kernels up when vLLM sets up each MoE layer's LoRA
-(``kernels.vllm_cuda_warmup``), for MXFP4 experts keeps vLLM's Triton MXFP4 GEMMs instead of its
-fallback to Marlin under LoRA (``kernels.vllm_cuda_mxfp4``), and runs the dense (attention)
-LoRA through loraplex's ops too (``kernels.vllm_cuda_dense``), and in steps without CUDA graphs
-skips modules for which no adapter of the step has weights (``kernels.vllm_cuda_live``).
+(``kernels.vllm_cuda_warmup``); for MXFP4 experts it keeps vLLM's Triton MXFP4 GEMMs instead of
+its fallback to Marlin under LoRA (``kernels.vllm_cuda_mxfp4``); it runs the dense (attention,
+router) LoRA through loraplex's ops too (``kernels.vllm_cuda_dense``); and in steps without CUDA
+graphs it skips modules for which no adapter of the step has weights (``kernels.vllm_cuda_live``).
 
 Cases vLLM's own path keeps (the original methods are called): expert parallelism
 (``expert_map`` or a per-rank token map), fully sharded LoRA, tensor parallelism > 1, and
@@ -84,8 +84,8 @@ def _apply_w13_lora(self, lora_context, *, y, x, topk_ids, topk_weights, expert_
         x.size(0), pw.lora_config.specialize_active_lora)
     if bool(no_lora_flag.item()):  # a CPU tensor: no device sync (vLLM's own early exit)
         return _SKIP, None, None, None
-    if vllm_cuda_live.skippable(ctx.w13_lora_a_stacked[0]):  # no adapter of the step has
-        return _SKIP, None, None, None                        # expert weights: nothing to add
+    if vllm_cuda_live.skippable(ctx.w13_lora_a_stacked[0]):  # no expert LoRA in this step
+        return _SKIP, None, None, None
     a13, b13 = ctx.w13_lora_a_stacked, ctx.w13_lora_b_stacked
     rank = a13[0].shape[-2]
     intermediate = ctx.w2_lora_a_stacked[0].shape[-1]
