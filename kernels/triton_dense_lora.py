@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from kernels.triton_launch import CachedLauncher, cdiv, next_pow2
-from kernels.triton_moe_lora import _shrink_tile, split_k_plan
+from kernels.triton_moe_lora import _shrink_tile, rank_pad, split_k_plan
 
 MAX_SLICES = 3
 
@@ -221,8 +221,9 @@ def group_tokens(token_lora: torch.Tensor, num_groups: int) -> TokenGroups:
     return TokenGroups(order, slot, ntok, start, m)
 
 
-def _rank_pad(rank: int) -> int:
-    return max(16, next_pow2(rank))
+def as_3d(stacks: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """vLLM's per-slice stacks ``[L, 1, X, Y]`` as ``[L, X, Y]`` views (3-D ones as they are)."""
+    return [t if t.dim() == 3 else t.flatten(1, 2) for t in stacks]
 
 
 def dense_lora_shrink(x: torch.Tensor, lora_a: Sequence[torch.Tensor], groups: TokenGroups,
@@ -232,9 +233,9 @@ def dense_lora_shrink(x: torch.Tensor, lora_a: Sequence[torch.Tensor], groups: T
     ``[split_k, M, S*RP]`` at the tokens' sorted positions (RP = rank padded to 2^n >= 16)."""
     num_slices = len(lora_a)
     assert 1 <= num_slices <= MAX_SLICES
-    a = [t if t.dim() == 3 else t.flatten(1, 2) for t in lora_a]
+    a = as_3d(lora_a)
     rank, in_features = a[0].shape[-2], a[0].shape[-1]
-    rp = _rank_pad(rank)
+    rp = rank_pad(rank)
     m = groups.num_tokens
     block_k, split_k, k_per_split, even_k = split_k_plan(in_features, cfg.block_k, cfg.split_k)
     part = torch.empty((split_k, m, num_slices * rp), dtype=torch.float32, device=x.device)
@@ -264,10 +265,10 @@ def dense_lora_expand(y: torch.Tensor, part: torch.Tensor, lora_b: Sequence[torc
     N_i, r]`` (or ``[L, N_i, r]``). Rows without an adapter are left untouched."""
     num_slices = len(lora_b)
     assert 1 <= num_slices <= MAX_SLICES
-    b = [t if t.dim() == 3 else t.flatten(1, 2) for t in lora_b]
+    b = as_3d(lora_b)
     ns = [t.shape[-2] for t in b] + [0] * (MAX_SLICES - num_slices)
     rank = b[0].shape[-1]
-    rp = _rank_pad(rank)
+    rp = rank_pad(rank)
     m = groups.num_tokens
     if m == 0:
         return

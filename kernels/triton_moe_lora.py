@@ -205,7 +205,8 @@ def as_slices(w: torch.Tensor | Sequence[torch.Tensor]) -> tuple[torch.Tensor, .
     return (w,) if isinstance(w, torch.Tensor) else tuple(w)
 
 
-def _rank_pad(rank: int) -> int:
+def rank_pad(rank: int) -> int:
+    """The rank as the kernels tile it: a power of two, at least 16 (``tl.dot``'s minimum)."""
     return max(16, next_pow2(rank))
 
 
@@ -252,7 +253,7 @@ def moe_lora_shrink(
     a = as_slices(lora_a)
     num_slices = len(a)
     rank, in_features = a[0].shape[-2], a[0].shape[-1]
-    rp = _rank_pad(rank)
+    rp = rank_pad(rank)
     bm = blocks.block_m
     block_k, split_k, k_per_split, even_k = split_k_plan(in_features, cfg.block_k, cfg.split_k)
     shape = (split_k, blocks.max_blocks * bm, num_slices * rp)
@@ -302,7 +303,7 @@ def moe_lora_expand(
     b = as_slices(lora_b)
     num_slices = len(b)
     out_features, rank = b[0].shape[-2], b[0].shape[-1]
-    rp = _rank_pad(rank)
+    rp = rank_pad(rank)
     if blocks.max_blocks == 0:
         return
     assert y.stride(-1) == 1 and all(t.stride(-1) == 1 for t in b)

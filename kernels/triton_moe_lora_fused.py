@@ -20,7 +20,7 @@ import triton.language as tl
 
 from kernels.moe_lora_align import MoELoRABlocks
 from kernels.triton_launch import CachedLauncher, cdiv, next_pow2
-from kernels.triton_moe_lora import as_slices
+from kernels.triton_moe_lora import as_slices, rank_pad
 
 
 @triton.jit
@@ -109,7 +109,7 @@ def moe_lora_fused(
     assert x.stride(-1) == 1 and y.stride(-1) == 1
     assert all(t.stride(-1) == 1 for t in (*a, *b))
     assert x.shape[-1] >= in_features and y.shape[-1] >= num_slices * out_features
-    rp = max(16, next_pow2(rank))
+    rp = rank_pad(rank)
     block_n = min(block_n, max(16, next_pow2(out_features)))
     parts = max(1, min(cdiv(out_features, block_n), cdiv(TARGET_PROGRAMS, rows * num_slices)))
     n_per_part = cdiv(cdiv(out_features, parts), block_n) * block_n

@@ -33,8 +33,9 @@ class _Layer:
     """A LoRA linear layer's stacks as our ops take them (3-D views; nothing copied)."""
 
     def __init__(self, lora_a: list[torch.Tensor], lora_b: list[torch.Tensor]) -> None:
-        self.a = [t.flatten(1, 2) if t.dim() == 4 else t for t in lora_a]
-        self.b = [t.flatten(1, 2) if t.dim() == 4 else t for t in lora_b]
+        from kernels.triton_dense_lora import as_3d
+
+        self.a, self.b = as_3d(lora_a), as_3d(lora_b)
         self.in_features = self.a[0].shape[-1]
 
 
