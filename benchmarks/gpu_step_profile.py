@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import time
 from collections import defaultdict
@@ -137,6 +138,8 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=12)
     ap.add_argument("--cprofile", type=int, default=0, metavar="N",
                     help="also profile the prefill passes' Python (host) time: top N functions")
+    ap.add_argument("--cprofile-dir", default=None,
+                    help="with --cprofile: also write the raw stats (pstats files) here")
     args = ap.parse_args()
 
     in_process_engine_env()
@@ -163,15 +166,16 @@ def main() -> None:
         report[name] = print_tables(title, steps, with_k, without_k, (wall_with, wall_without),
                                     args.top)
     if args.cprofile:
-        report["host"] = host_profile(llm, prefill, paths, args.cprofile)
+        report["host"] = host_profile(llm, prefill, paths, args.cprofile, args.cprofile_dir)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
 
 
-def host_profile(llm, batches, paths, top: int) -> dict:
+def host_profile(llm, batches, paths, top: int, dump_dir: str | None = None) -> dict:
     """The prefill passes (with adapters, then none) under ``cProfile``: where the host's time
-    goes in a step that runs without CUDA graphs. Prints the top functions by own time."""
+    goes in a step that runs without CUDA graphs. Prints the top functions by own time and by
+    cumulative time; ``dump_dir``: also the raw stats, ``prefill_{with,without}.pstats``."""
     import cProfile
     import io
     import pstats
@@ -182,12 +186,15 @@ def host_profile(llm, batches, paths, top: int) -> dict:
         prof.enable()
         run_batches(llm, batches, 1, loras, paths)
         prof.disable()
-        buf = io.StringIO()
-        stats = pstats.Stats(prof, stream=buf)
-        stats.sort_stats("tottime").print_stats(top)
-        print(f"\nhost profile, prefill {label} ({len(batches)} steps), by own time:")
-        print("\n".join(buf.getvalue().splitlines()[-top - 3:]))
-        out[label] = buf.getvalue()
+        if dump_dir:
+            os.makedirs(dump_dir, exist_ok=True)
+            prof.dump_stats(os.path.join(dump_dir, f"prefill_{label.split()[0]}.pstats"))
+        for order in ("tottime", "cumulative"):
+            buf = io.StringIO()
+            pstats.Stats(prof, stream=buf).sort_stats(order).print_stats(top)
+            print(f"\nhost profile, prefill {label} ({len(batches)} steps), by {order}:")
+            print("\n".join(buf.getvalue().splitlines()[-top - 3:]))
+            out[f"{label}, {order}"] = buf.getvalue()
     return out
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 
 import torch
@@ -50,7 +51,21 @@ def host_us(fn, calls: int = 50) -> float:
     return dt / calls * 1e6
 
 
-def run_case(name: str, m: int, n_layers: int, pw, gen, copy_tbs: float) -> dict:
+def profile_calls(fn, path: str, calls: int = 200) -> None:
+    """``calls`` eager calls of ``fn`` under ``cProfile``; raw stats written to ``path``."""
+    import cProfile
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    torch.cuda.synchronize()
+    prof.dump_stats(path)
+
+
+def run_case(name: str, m: int, n_layers: int, pw, gen, copy_tbs: float,
+             pstats_dir: str | None = None) -> dict:
     from kernels import vllm_cuda_dense
 
     k, slices = SHAPES[name]
@@ -79,6 +94,8 @@ def run_case(name: str, m: int, n_layers: int, pw, gen, copy_tbs: float) -> dict
             outs[side] = y.float().clone()
             row[f"{side}_us"] = graph_us(all_layers, n_layers)
             row[f"{side}_host_us"] = host_us(one_layer)
+            if pstats_dir:
+                profile_calls(one_layer, os.path.join(pstats_dir, f"{name}_{m}_{side}.pstats"))
         finally:
             vllm_cuda_dense.uninstall()
     used = min(m, SLOTS)
@@ -99,7 +116,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ops", default="qkv,o,router")
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--pstats-dir", default=None,
+                    help="also profile 200 eager calls per case and side (cProfile) into here")
     args = ap.parse_args(argv)
+    if args.pstats_dir:
+        os.makedirs(args.pstats_dir, exist_ok=True)
     gen = torch.Generator(device="cuda").manual_seed(0)
     copy_tbs = copy_bandwidth_tbs()
     pw = PunicaWrapperGPU(8192, 256, torch.device("cuda"),
@@ -107,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name in args.ops.split(","):
         for m in (int(v) for v in args.ms.split(",")):
-            rows.append(run_case(name, m, args.layers, pw, gen, copy_tbs))
+            rows.append(run_case(name, m, args.layers, pw, gen, copy_tbs, args.pstats_dir))
             log(json.dumps({k: round(v, 4) if isinstance(v, float) else v
                             for k, v in rows[-1].items()}))
     log(f"\ncopy bandwidth {copy_tbs:.2f} TB/s; µs per layer (GPU: CUDA-graph replay; host: "
