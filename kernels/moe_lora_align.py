@@ -32,13 +32,15 @@ no block.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_launch import CachedLauncher, cdiv, next_pow2
+from kernels.triton_launch import (CachedLauncher, PlanTable, aligned16, cdiv, next_pow2,
+                                    raw_stream)
 
 
 @dataclass
@@ -199,6 +201,45 @@ def _moe_lora_place_kernel(
 _ALIGN = CachedLauncher(_moe_lora_align_kernel)
 _COUNT = CachedLauncher(_moe_lora_count_kernel)
 _PLACE = CachedLauncher(_moe_lora_place_kernel)
+_ALIGN_PLANS = PlanTable()  # key -> [PreparedLaunch] (one, or count + place)
+
+
+@functools.lru_cache(maxsize=4096)
+def _layout(num_rows: int, num_pairs: int, block_m: int, parallel: bool
+            ) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
+    """``(max_blocks, starts, sizes)`` of the int32 buffer that holds the layout: cursor,
+    num_blocks, block_pair, block_nrows, sorted_rows, histograms (parallel only), each part
+    starting on a 16-byte boundary. Triton specialises pointer arguments on that alignment, so
+    offsets that varied with max_blocks (i.e. with M) would compile new kernel variants."""
+    pairs_p2 = next_pow2(num_pairs + 1)
+    max_blocks = max_num_blocks(num_rows, num_pairs, block_m)
+    num_chunks = cdiv(num_rows, PARALLEL_CHUNK) if parallel else 1
+    sizes = (num_chunks * pairs_p2, 1, max_blocks, max_blocks, max_blocks * block_m,
+             num_chunks * pairs_p2 if parallel else 0)
+    starts = [0]
+    for n in sizes:
+        starts.append(starts[-1] + _round_up(n, _ALIGN_INTS))
+    return max_blocks, tuple(starts), sizes
+
+
+def _prepare_align(inputs: tuple, parallel: bool, pairs_p2: int, block_m: int, cursor,
+                   sorted_rows, block_pair, block_nrows, num_blocks, hist) -> list:
+    """Launches the align program(s) for ``inputs`` (ids, token_lora, enabled, num_rows, top_k,
+    num_experts) and returns the prepared launches (``PreparedLaunch``)."""
+    num_rows = inputs[3]
+    if parallel:
+        num_chunks = cdiv(num_rows, PARALLEL_CHUNK)
+        count = _COUNT.prepare((num_chunks,), *inputs, hist, PAIRS_P2=pairs_p2,
+                               CHUNK=PARALLEL_CHUNK, num_warps=4)
+        place = _PLACE.prepare((num_chunks,), *inputs, hist, num_chunks, cursor, sorted_rows,
+                               block_pair, block_nrows, num_blocks, PAIRS_P2=pairs_p2,
+                               CHUNK=PARALLEL_CHUNK, BM=block_m, num_warps=4)
+        place.extra = num_chunks
+        return [count, place]
+    chunk = align_chunk(num_rows)
+    return [_ALIGN.prepare((1,), *inputs, cursor, sorted_rows, block_pair, block_nrows,
+                           num_blocks, PAIRS_P2=pairs_p2, CHUNK=chunk, BM=block_m,
+                           num_warps=4 if chunk <= 1024 else 16)]
 
 
 def align_moe_lora(
@@ -239,32 +280,29 @@ def align_moe_lora(
         dummy = torch.zeros(1, dtype=torch.int32, device=dev)
         return MoELoRABlocks(dummy, dummy, dummy, dummy, num_rows, block_m, num_rows, top_k,
                              num_experts, True, ids, token_lora, enabled)
-    max_blocks = max_num_blocks(num_rows, num_pairs, block_m)
-    # one buffer, each part starting on a 16-byte boundary: Triton specialises pointer arguments
-    # on that alignment, so offsets that varied with max_blocks (i.e. with M) compiled new
-    # kernel variants while serving
-    num_chunks = cdiv(num_rows, PARALLEL_CHUNK) if parallel else 1
-    sizes = (num_chunks * pairs_p2, 1, max_blocks, max_blocks, max_blocks * block_m,
-             num_chunks * pairs_p2 if parallel else 0)
-    starts = [0]
-    for n in sizes:
-        starts.append(starts[-1] + _round_up(n, _ALIGN_INTS))
+    max_blocks, starts, sizes = _layout(num_rows, num_pairs, block_m, parallel)
     ints = torch.empty(starts[-1], dtype=torch.int32, device=dev)
     cursor, num_blocks, block_pair, block_nrows, sorted_rows, hist = (
         ints[a : a + n] for a, n in zip(starts, sizes))
     if num_rows == 0:
         num_blocks.zero_()
-    elif parallel:
-        args = (ids, token_lora, enabled, num_rows, top_k, num_experts, hist)
-        _COUNT((num_chunks,), *args, PAIRS_P2=pairs_p2, CHUNK=PARALLEL_CHUNK, num_warps=4)
-        _PLACE((num_chunks,), *args, num_chunks, cursor, sorted_rows, block_pair, block_nrows,
-               num_blocks, PAIRS_P2=pairs_p2, CHUNK=PARALLEL_CHUNK, BM=block_m, num_warps=4)
     else:
-        chunk = align_chunk(num_rows)
-        _ALIGN(
-            (1,), ids, token_lora, enabled, num_rows, top_k, num_experts,
-            cursor, sorted_rows, block_pair, block_nrows, num_blocks,
-            PAIRS_P2=pairs_p2, CHUNK=chunk, BM=block_m, num_warps=4 if chunk <= 1024 else 16,
-        )
+        key = (num_rows, top_k, num_experts, num_pairs, block_m, parallel,
+               aligned16(ids, token_lora, enabled))
+        plans = _ALIGN_PLANS.get(key)
+        inputs = (ids, token_lora, enabled, num_rows, top_k, num_experts)
+        if plans is not None:
+            stream = raw_stream(dev)
+            if parallel:
+                plans[0].launch(stream, *inputs, hist)
+                plans[1].launch(stream, *inputs, hist, plans[1].extra, cursor, sorted_rows,
+                                block_pair, block_nrows, num_blocks)
+            else:
+                plans[0].launch(stream, *inputs, cursor, sorted_rows, block_pair, block_nrows,
+                                num_blocks)
+        else:
+            _ALIGN_PLANS.put(key, _prepare_align(inputs, parallel, pairs_p2, block_m, cursor,
+                                               sorted_rows, block_pair, block_nrows, num_blocks,
+                                               hist))
     return MoELoRABlocks(sorted_rows, block_pair, block_nrows, num_blocks, max_blocks, block_m,
                          num_rows, top_k, num_experts, False, ids, token_lora, enabled)

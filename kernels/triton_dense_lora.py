@@ -28,7 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_launch import CachedLauncher, cdiv, next_pow2
+from kernels.triton_launch import (CachedLauncher, LaunchPlans, aligned16, cdiv, next_pow2,
+                                    raw_stream)
 from kernels.triton_moe_lora import _shrink_tile, rank_pad, split_k_plan
 
 MAX_SLICES = 3
@@ -182,8 +183,8 @@ def _dense_lora_expand_kernel(
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=y_mask)
 
 
-_SHRINK = CachedLauncher(_dense_lora_shrink_kernel)
-_EXPAND = CachedLauncher(_dense_lora_expand_kernel)
+_SHRINK_PLANS = LaunchPlans(CachedLauncher(_dense_lora_shrink_kernel))
+_EXPAND_PLANS = LaunchPlans(CachedLauncher(_dense_lora_expand_kernel))
 
 
 @dataclass
@@ -229,32 +230,41 @@ def as_3d(stacks: Sequence[torch.Tensor]) -> list[torch.Tensor]:
 def dense_lora_shrink(x: torch.Tensor, lora_a: Sequence[torch.Tensor], groups: TokenGroups,
                       cfg: DenseLoRAConfig, scale: float = 1.0, use_pdl: bool = False
                       ) -> torch.Tensor:
-    """``x [M, >=in]`` with ``A [L, 1, r, in]`` (or ``[L, r, in]``) per slice → fp32 partials
-    ``[split_k, M, S*RP]`` at the tokens' sorted positions (RP = rank padded to 2^n >= 16)."""
+    """``x [M, >=in]`` with ``A [L, 1, r, in]`` (or ``[L, r, in]``) per slice, all slices of one
+    shape → fp32 partials ``[split_k, M, S*RP]`` at the tokens' sorted positions (RP = rank
+    padded to 2^n >= 16). Repeat calls of a known shape and M launch a prepared launch."""
     num_slices = len(lora_a)
     assert 1 <= num_slices <= MAX_SLICES
     a = as_3d(lora_a)
+    a1 = a[min(1, num_slices - 1)]
+    g, m = groups, groups.num_tokens
+    key = (cfg, m, x.stride(0), x.dtype, a[0].shape, a[0].stride(), num_slices, scale, use_pdl,
+           g.slot.shape[0], aligned16(x, a[0], a1, a[-1], g.sorted_idx, g.slot, g.ntok, g.start))
+    plan = _SHRINK_PLANS.get(key)
+    if plan is not None:
+        part = torch.empty(plan.extra, dtype=torch.float32, device=x.device)
+        plan.launch(raw_stream(x.device), x, a[0], a1, a[-1], part, g.sorted_idx, g.slot, g.ntok,
+                    g.start)
+        return part
     rank, in_features = a[0].shape[-2], a[0].shape[-1]
     rp = rank_pad(rank)
-    m = groups.num_tokens
     block_k, split_k, k_per_split, even_k = split_k_plan(in_features, cfg.block_k, cfg.split_k)
     part = torch.empty((split_k, m, num_slices * rp), dtype=torch.float32, device=x.device)
     if m == 0:
         return part
     assert x.stride(-1) == 1 and all(t.stride(-1) == 1 for t in a)
-    assert all(t.stride() == a[0].stride() for t in a), "slices must share strides"
+    assert all(t.shape == a[0].shape and t.stride() == a[0].stride() for t in a), \
+        "slices must share shape and strides"
     bpg = cdiv(m, cfg.block_m)
-    grid = (groups.num_groups * bpg, split_k, num_slices)
-    _SHRINK(
-        grid,
-        x, a[0], a[min(1, num_slices - 1)], a[-1], part,
-        groups.sorted_idx, groups.slot, groups.ntok, groups.start, bpg, m,
-        in_features, rank, k_per_split, float(scale),
-        x.stride(0), a[0].stride(0), a[0].stride(1), part.stride(0), part.stride(1),
-        BM=cfg.block_m, RP=rp, BLOCK_K=block_k, EVEN_K=even_k, EVEN_R=rank == rp,
-        NUM_SLICES=num_slices, HAS_SCALE=scale != 1.0, USE_PDL=use_pdl,
-        num_warps=cfg.num_warps, num_stages=2, launch_pdl=use_pdl,
-    )
+    _SHRINK_PLANS.launch_new(
+        key, (g.num_groups * bpg, split_k, num_slices),
+        (x, a[0], a1, a[-1], part, g.sorted_idx, g.slot, g.ntok, g.start, bpg, m,
+         in_features, rank, k_per_split, float(scale),
+         x.stride(0), a[0].stride(0), a[0].stride(1), part.stride(0), part.stride(1)),
+        dict(BM=cfg.block_m, RP=rp, BLOCK_K=block_k, EVEN_K=even_k, EVEN_R=rank == rp,
+             NUM_SLICES=num_slices, HAS_SCALE=scale != 1.0, USE_PDL=use_pdl,
+             num_warps=cfg.num_warps, num_stages=2, launch_pdl=use_pdl),
+        extra=tuple(part.shape))
     return part
 
 
@@ -262,31 +272,38 @@ def dense_lora_expand(y: torch.Tensor, part: torch.Tensor, lora_b: Sequence[torc
                       groups: TokenGroups, cfg: DenseLoRAConfig, add_inputs: bool = True,
                       use_pdl: bool = False) -> None:
     """``y [M, >=sum(N)] (+)= part @ B^T`` per slice, slice i into its columns; ``B [L, 1,
-    N_i, r]`` (or ``[L, N_i, r]``). Rows without an adapter are left untouched."""
+    N_i, r]`` (or ``[L, N_i, r]``). Rows without an adapter are left untouched. Repeat calls of
+    a known shape and M launch a prepared launch."""
     num_slices = len(lora_b)
     assert 1 <= num_slices <= MAX_SLICES
     b = as_3d(lora_b)
+    b1 = b[min(1, num_slices - 1)]
+    g, m = groups, groups.num_tokens
+    if m == 0:
+        return
+    key = (cfg, m, y.stride(0), y.dtype, tuple(t.shape for t in b), tuple(t.stride() for t in b),
+           add_inputs, use_pdl, part.shape[0], g.slot.shape[0],
+           aligned16(y, b[0], b1, b[-1], part, g.sorted_idx, g.slot, g.ntok, g.start))
+    plan = _EXPAND_PLANS.get(key)
+    if plan is not None:
+        plan.launch(raw_stream(y.device), y, b[0], b1, b[-1], part, g.sorted_idx, g.slot, g.ntok,
+                    g.start)
+        return
     ns = [t.shape[-2] for t in b] + [0] * (MAX_SLICES - num_slices)
     rank = b[0].shape[-1]
     rp = rank_pad(rank)
-    m = groups.num_tokens
-    if m == 0:
-        return
     assert y.stride(-1) == 1 and all(t.stride(-1) == 1 for t in b)
     assert all(t.stride(-2) == b[0].stride(-2) for t in b), "slices must share row strides"
     bl = [t.stride(0) for t in b] + [0] * (MAX_SLICES - num_slices)
     assert y.shape[-1] >= sum(ns), (y.shape, ns)
     block_n = min(cfg.block_n, max(16, next_pow2(max(ns))))
     bpg = cdiv(m, cfg.block_m)
-    grid = (cdiv(max(ns), block_n), groups.num_groups * bpg, num_slices)
-    _EXPAND(
-        grid,
-        y, b[0], b[min(1, num_slices - 1)], b[-1], part,
-        groups.sorted_idx, groups.slot, groups.ntok, groups.start, bpg, m,
-        ns[0], ns[1], ns[2], rank, part.shape[0],
-        y.stride(0), bl[0], bl[1], bl[2], b[0].stride(1), part.stride(0), part.stride(1),
-        BM=cfg.block_m, RP=rp, BLOCK_N=block_n,
-        EVEN_N=all(n % block_n == 0 for n in ns[:num_slices]), EVEN_R=rank == rp,
-        NUM_SLICES=num_slices, ADD_INPUTS=add_inputs, USE_PDL=use_pdl,
-        num_warps=cfg.num_warps, num_stages=1, launch_pdl=use_pdl,
-    )
+    _EXPAND_PLANS.launch_new(
+        key, (cdiv(max(ns), block_n), g.num_groups * bpg, num_slices),
+        (y, b[0], b1, b[-1], part, g.sorted_idx, g.slot, g.ntok, g.start, bpg, m,
+         ns[0], ns[1], ns[2], rank, part.shape[0],
+         y.stride(0), bl[0], bl[1], bl[2], b[0].stride(1), part.stride(0), part.stride(1)),
+        dict(BM=cfg.block_m, RP=rp, BLOCK_N=block_n,
+             EVEN_N=all(n % block_n == 0 for n in ns[:num_slices]), EVEN_R=rank == rp,
+             NUM_SLICES=num_slices, ADD_INPUTS=add_inputs, USE_PDL=use_pdl,
+             num_warps=cfg.num_warps, num_stages=1, launch_pdl=use_pdl))

@@ -75,29 +75,141 @@ class CachedLauncher:
 
     def __call__(self, grid: tuple, *leading, num_warps: int, num_stages: int | None = None,
                  launch_pdl: bool = False, **named) -> None:
+        self._launch(grid, leading, num_warps, num_stages, launch_pdl, named)
+
+    def prepare(self, grid: tuple, *leading, num_warps: int, num_stages: int | None = None,
+                launch_pdl: bool = False, **named) -> "PreparedLaunch":
+        """Launches like ``__call__`` and returns that launch, ready to repeat with its leading
+        arguments replaced (``PreparedLaunch``)."""
+        args, kernel, options = self._launch(grid, leading, num_warps, num_stages, launch_pdl,
+                                             named)
+        return PreparedLaunch(self.fn, grid, args, options, kernel)
+
+    def _launch(self, grid, leading, num_warps, num_stages, launch_pdl, named):
         args = leading + tuple(named[n] for n in self.names[len(leading):])
-        kernel = None if self.interpreted else self.variants.get(
-            key := self._key(args, (num_warps, num_stages, launch_pdl)))
+        options = (num_warps, num_stages, launch_pdl)
+        kernel = None if self.interpreted else self.variants.get(key := self._key(args, options))
         if kernel is None:
-            options = {"num_warps": num_warps}
+            kw = {"num_warps": num_warps}
             if num_stages is not None:
-                options["num_stages"] = num_stages
+                kw["num_stages"] = num_stages
             if launch_pdl:
-                options["launch_pdl"] = True
-            kernel = self.fn[grid](*args, **options)
+                kw["launch_pdl"] = True
+            kernel = self.fn[grid](*args, **kw)
             if kernel is not None and not self.interpreted:
                 self.variants[key] = kernel
-            return
+            return args, (None if self.interpreted else kernel), kw
         g1 = grid[1] if len(grid) > 1 else 1
         g2 = grid[2] if len(grid) > 2 else 1
         kernel.run(grid[0], g1, g2, _current_stream(), kernel.function, kernel.packed_metadata,
                    None, None, None, *args)
+        return args, kernel, None
+
+
+class PreparedLaunch:
+    """One kernel variant at one grid with its argument list, for launching again with the
+    leading arguments replaced: ``launch(stream, *leading)``.
+
+    What the launch costs the CPU is the argument list and the driver call: no specialisation,
+    no key, no option handling. The caller guarantees that replaced arguments stay within the
+    variant's specialisation: tensors of the same dtype and 16-byte alignment, integers that are
+    ``do_not_specialize`` and stay in the same 32/64-bit class (or keep their value).
+    ``stream``: the raw CUDA stream (``raw_stream``; ignored under the interpreter).
+    """
+
+    __slots__ = ("args", "extra", "_grid", "_c_launch", "_head", "_run", "_fn", "_options")
+
+    def __init__(self, fn, grid: tuple, args: tuple, options: dict | None, kernel) -> None:
+        self.args = list(args)
+        self.extra = None  # what the call site keeps beside the launch (e.g. a buffer shape)
+        self._grid = (grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1)
+        self._fn, self._options = fn, options
+        self._c_launch = self._run = None
+        if kernel is not None:
+            run = kernel.run
+            self._run = (kernel, run)
+            c_launch = getattr(run, "launch", None)
+            if (callable(c_launch) and getattr(run, "global_scratch_size", 1) == 0
+                    and getattr(run, "profile_scratch_size", 1) == 0):
+                # straight into the compiled launcher (what Triton's own launcher class calls)
+                self._c_launch = c_launch
+                self._head = (kernel.function, run.launch_cooperative_grid, run.launch_pdl, None,
+                              None, kernel.packed_metadata, None, None, None)
+
+    def launch(self, stream: int, *leading) -> None:
+        args = self.args
+        args[: len(leading)] = leading
+        g = self._grid
+        if self._c_launch is not None:
+            self._c_launch(g[0], g[1], g[2], stream, *self._head, *args)
+        elif self._run is not None:
+            kernel, run = self._run
+            run(g[0], g[1], g[2], stream, kernel.function, kernel.packed_metadata, None, None,
+                None, *args)
+        else:  # interpreter (or a variant Triton did not hand back): the normal path
+            self._fn[g](*args, **(self._options or {}))
 
 
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # what Triton's driver uses
+
+
+def raw_stream(device: torch.device) -> int:
+    """The current CUDA stream of ``device`` as the driver handle Triton launches on (0 off
+    CUDA)."""
+    if device.type != "cuda":
+        return 0
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if _raw_stream is not None:
+        return _raw_stream(index)
+    return torch.cuda.current_stream(index).cuda_stream
 
 
 def _current_stream() -> int:
     if _raw_stream is not None:
         return _raw_stream(torch.cuda.current_device())
     return torch.cuda.current_stream().cuda_stream
+
+
+class PlanTable:
+    """Prepared launches by call key, for call sites that run the same shapes over and over
+    (every layer of a step, every step of a batch size). The key must hold everything the
+    launch's fixed arguments and grid derive from, and the specialisation facts of the
+    arguments replaced per call (dtypes, 16-byte alignment). At most ``max_entries`` are kept
+    (all are dropped when full: the batch sizes in use come back)."""
+
+    def __init__(self, max_entries: int = 1024) -> None:
+        self.plans: dict[tuple, object] = {}
+        self.max_entries = max_entries
+
+    def get(self, key: tuple):
+        return self.plans.get(key)
+
+    def put(self, key: tuple, plan) -> None:
+        if len(self.plans) >= self.max_entries:
+            self.plans.clear()
+        self.plans[key] = plan
+
+
+class LaunchPlans(PlanTable):
+    """A ``PlanTable`` of one kernel's launches (``PreparedLaunch``)."""
+
+    def __init__(self, launcher: CachedLauncher, max_entries: int = 1024) -> None:
+        super().__init__(max_entries)
+        self.launcher = launcher
+
+    def launch_new(self, key: tuple, grid: tuple, args: tuple, kwargs: dict,
+                   extra=None) -> None:
+        """Launches ``args`` at ``grid`` (leading positional arguments of the kernel, then the
+        launch options and the rest by name in ``kwargs``) and keeps it under ``key``, with
+        ``extra`` in its ``extra`` slot."""
+        plan = self.launcher.prepare(grid, *args, **kwargs)
+        plan.extra = extra
+        self.put(key, plan)
+
+
+def aligned16(*tensors: torch.Tensor) -> bool:
+    """Whether every tensor's data starts on a 16-byte boundary (Triton specialises on it)."""
+    ptr = 0
+    for t in tensors:
+        ptr |= t.data_ptr()
+    return ptr & 15 == 0

@@ -31,7 +31,8 @@ import triton
 import triton.language as tl
 
 from kernels.moe_lora_align import MoELoRABlocks
-from kernels.triton_launch import CachedLauncher, cdiv, next_pow2
+from kernels.triton_launch import (CachedLauncher, LaunchPlans, aligned16, cdiv, next_pow2,
+                                    raw_stream)
 from kernels.triton_moe_lora_configs import OpConfig
 
 
@@ -197,8 +198,8 @@ def _moe_lora_expand_kernel(
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=y_mask)
 
 
-_SHRINK = CachedLauncher(_moe_lora_shrink_kernel)
-_EXPAND = CachedLauncher(_moe_lora_expand_kernel)
+_SHRINK_PLANS = LaunchPlans(CachedLauncher(_moe_lora_shrink_kernel))
+_EXPAND_PLANS = LaunchPlans(CachedLauncher(_moe_lora_expand_kernel))
 
 
 def as_slices(w: torch.Tensor | Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
@@ -243,42 +244,58 @@ def moe_lora_shrink(
     use_pdl: bool = False,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Shrink: ``x [rows_in, >=in]`` with ``A [L, E, r, in]`` per slice (only the first ``in``
-    columns of ``x`` are read: a padded base activation works as it is) → fp32 partials
-    ``[split_k, max_blocks*BM, S*RP]`` (RP = rank padded to a power of two >= 16).
+    """Shrink: ``x [rows_in, >=in]`` with ``A [L, E, r, in]`` per slice (all slices of one
+    shape; only the first ``in`` columns of ``x`` are read: a padded base activation works as it
+    is) → fp32 partials ``[split_k, max_blocks*BM, S*RP]`` (RP = rank padded to a power of two
+    >= 16). Repeat calls of a known shape and block layout launch a prepared launch.
 
     ``x_row_div``: row ``t*K+k`` reads ``x[(t*K+k) // x_row_div]`` (K for gate_up, 1 for down).
     ``out``: a buffer of at least that size to write the partials into (CUDA-graph reuse).
     """
     a = as_slices(lora_a)
     num_slices = len(a)
-    rank, in_features = a[0].shape[-2], a[0].shape[-1]
-    rp = rank_pad(rank)
-    bm = blocks.block_m
-    block_k, split_k, k_per_split, even_k = split_k_plan(in_features, cfg.block_k, cfg.split_k)
-    shape = (split_k, blocks.max_blocks * bm, num_slices * rp)
+    bl = blocks  # its block tables start on 16-byte boundaries by construction (align_moe_lora)
+    key = (cfg, bl.max_blocks, bl.block_m, bl.naive, bl.top_k, bl.num_experts, x_row_div,
+           x.stride(0), x.dtype,
+           a[0].shape, a[0].stride(), num_slices, use_pdl,
+           aligned16(x, a[0], a[-1], bl.topk_ids, bl.token_lora, bl.enabled))
+    plan = _SHRINK_PLANS.get(key)
+    shape = plan.extra if plan is not None else _part_shape(a, bl, cfg)
     if out is None:
         part = torch.empty(shape, dtype=torch.float32, device=x.device)
     else:
         part = out.reshape(-1)[: shape[0] * shape[1] * shape[2]].view(shape)
-    if blocks.max_blocks == 0:
+    if bl.max_blocks == 0:
         return part
+    blocks_args = (bl.sorted_rows, bl.block_pair, bl.block_nrows, bl.num_blocks, bl.topk_ids,
+                   bl.token_lora, bl.enabled)
+    if plan is not None:
+        plan.launch(raw_stream(x.device), x, a[0], a[-1], part, *blocks_args)
+        return part
+    rank, in_features = a[0].shape[-2], a[0].shape[-1]
+    rp = rank_pad(rank)
+    block_k, split_k, k_per_split, even_k = split_k_plan(in_features, cfg.block_k, cfg.split_k)
     assert x.stride(-1) == 1 and all(t.stride(-1) == 1 for t in a)
+    assert all(t.shape == a[0].shape and t.stride() == a[0].stride() for t in a)
     assert x.shape[-1] >= in_features, (x.shape, in_features)
-    grid = (blocks.max_blocks, split_k, num_slices)
-    _SHRINK(
-        grid,
-        x, a[0], a[-1], part,
-        blocks.sorted_rows, blocks.block_pair, blocks.block_nrows, blocks.num_blocks,
-        blocks.topk_ids, blocks.token_lora, blocks.enabled, blocks.top_k,
-        in_features, rank, blocks.num_experts, x_row_div, k_per_split,
-        x.stride(0), a[0].stride(0), a[0].stride(1), a[0].stride(2),
-        part.stride(0), part.stride(1),
-        BM=bm, RP=rp, BLOCK_K=block_k, EVEN_K=even_k, EVEN_R=rank == rp,
-        NUM_SLICES=num_slices, NAIVE=blocks.naive, USE_PDL=use_pdl,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=use_pdl,
-    )
+    _SHRINK_PLANS.launch_new(
+        key, (bl.max_blocks, split_k, num_slices),
+        (x, a[0], a[-1], part, *blocks_args, bl.top_k,
+         in_features, rank, bl.num_experts, x_row_div, k_per_split,
+         x.stride(0), a[0].stride(0), a[0].stride(1), a[0].stride(2),
+         part.stride(0), part.stride(1)),
+        dict(BM=bl.block_m, RP=rp, BLOCK_K=block_k, EVEN_K=even_k, EVEN_R=rank == rp,
+             NUM_SLICES=num_slices, NAIVE=bl.naive, USE_PDL=use_pdl,
+             num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=use_pdl),
+        extra=shape)
     return part
+
+
+def _part_shape(a: tuple[torch.Tensor, ...], blocks: MoELoRABlocks, cfg: OpConfig
+                ) -> tuple[int, int, int]:
+    """``[split_k, max_blocks*BM, S*RP]``: the shrink's fp32 partials."""
+    split_k = split_k_plan(a[0].shape[-1], cfg.block_k, cfg.split_k)[1]
+    return split_k, blocks.max_blocks * blocks.block_m, len(a) * rank_pad(a[0].shape[-2])
 
 
 def moe_lora_expand(
@@ -296,32 +313,44 @@ def moe_lora_expand(
 
     Slice ``s`` goes to columns ``[s*N, (s+1)*N)``; columns past ``S*N`` (a base MoE backend's
     padding, e.g. Marlin's MXFP4 intermediate rounded up to 128) are left untouched, as vLLM's
-    own kernel does. ``B [L, E, N, r]`` per slice; ``scaling [L]`` (None: 1, vLLM folds it into B);
-    ``topk_weights [M, K]`` multiplies row ``t*K+k`` by its routing weight (down proj) when given.
-    With ``add_inputs=False`` the rows of the blocks are overwritten (other rows untouched).
+    own kernel does. ``B [L, E, N, r]`` per slice (all of one shape); ``scaling [L]`` (None: 1,
+    vLLM folds it into B); ``topk_weights [M, K]`` multiplies row ``t*K+k`` by its routing
+    weight (down proj) when given. With ``add_inputs=False`` the rows of the blocks are
+    overwritten (other rows untouched). Repeat calls of a known shape and block layout launch a
+    prepared launch.
     """
     b = as_slices(lora_b)
     num_slices = len(b)
+    bl = blocks
+    if bl.max_blocks == 0:
+        return
+    tw = topk_weights.reshape(-1) if topk_weights is not None else part
+    sc = scaling if scaling is not None else part
+    key = (cfg, bl.max_blocks, bl.block_m, bl.naive, bl.top_k, bl.num_experts, y.stride(0),
+           y.dtype, b[0].shape,
+           b[0].stride(), num_slices, part.shape, scaling is not None, topk_weights is not None,
+           tw.dtype, sc.dtype, add_inputs, use_pdl,
+           aligned16(y, b[0], b[-1], part, sc, tw, bl.topk_ids, bl.token_lora, bl.enabled))
+    plan = _EXPAND_PLANS.get(key)
+    blocks_args = (bl.sorted_rows, bl.block_pair, bl.block_nrows, bl.num_blocks, bl.topk_ids,
+                   bl.token_lora, bl.enabled)
+    if plan is not None:
+        plan.launch(raw_stream(y.device), y, b[0], b[-1], part, sc, tw, *blocks_args)
+        return
     out_features, rank = b[0].shape[-2], b[0].shape[-1]
     rp = rank_pad(rank)
-    if blocks.max_blocks == 0:
-        return
     assert y.stride(-1) == 1 and all(t.stride(-1) == 1 for t in b)
+    assert all(t.shape == b[0].shape and t.stride() == b[0].stride() for t in b)
     assert y.shape[-1] >= num_slices * out_features, (y.shape, num_slices, out_features)
     block_n = min(cfg.block_n, max(16, next_pow2(out_features)))
-    grid = (cdiv(out_features, block_n), blocks.max_blocks, num_slices)
-    tw = topk_weights.reshape(-1) if topk_weights is not None else part
-    _EXPAND(
-        grid,
-        y, b[0], b[-1], part, scaling if scaling is not None else part, tw,
-        blocks.sorted_rows, blocks.block_pair, blocks.block_nrows, blocks.num_blocks,
-        blocks.topk_ids, blocks.token_lora, blocks.enabled, blocks.top_k,
-        out_features, rank, blocks.num_experts, part.shape[0],
-        y.stride(0), b[0].stride(0), b[0].stride(1), b[0].stride(2),
-        part.stride(0), part.stride(1),
-        BM=blocks.block_m, RP=rp, BLOCK_N=block_n,
-        EVEN_N=out_features % block_n == 0, EVEN_R=rank == rp, NUM_SLICES=num_slices,
-        HAS_SCALE=scaling is not None, MUL_ROUTED_WEIGHT=topk_weights is not None,
-        ADD_INPUTS=add_inputs, NAIVE=blocks.naive, USE_PDL=use_pdl,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=use_pdl,
-    )
+    _EXPAND_PLANS.launch_new(
+        key, (cdiv(out_features, block_n), bl.max_blocks, num_slices),
+        (y, b[0], b[-1], part, sc, tw, *blocks_args, bl.top_k,
+         out_features, rank, bl.num_experts, part.shape[0],
+         y.stride(0), b[0].stride(0), b[0].stride(1), b[0].stride(2),
+         part.stride(0), part.stride(1)),
+        dict(BM=bl.block_m, RP=rp, BLOCK_N=block_n,
+             EVEN_N=out_features % block_n == 0, EVEN_R=rank == rp, NUM_SLICES=num_slices,
+             HAS_SCALE=scaling is not None, MUL_ROUTED_WEIGHT=topk_weights is not None,
+             ADD_INPUTS=add_inputs, NAIVE=bl.naive, USE_PDL=use_pdl,
+             num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=use_pdl))

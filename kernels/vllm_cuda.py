@@ -55,8 +55,11 @@ def _ctx_supported(ctx) -> bool:
 
 
 def _ours_applies(ctx, x: torch.Tensor, expert_map) -> bool:
-    return (expert_map is None and _ctx_supported(ctx)
-            and x.dtype in (torch.bfloat16, torch.float16) and x.is_cuda)
+    ok = getattr(ctx, "_loraplex_supported", None)  # a layer's context: fixed at model setup
+    if ok is None:
+        ok = _ctx_supported(ctx)
+        ctx._loraplex_supported = ok
+    return expert_map is None and ok and x.dtype in (torch.bfloat16, torch.float16) and x.is_cuda
 
 
 def _set_mapping(self, punica_wrapper):
@@ -79,11 +82,10 @@ def _apply_w13_lora(self, lora_context, *, y, x, topk_ids, topk_weights, expert_
             expert_map=expert_map, w1=w1, w2=w2, num_tokens=num_tokens, top_k_num=top_k_num,
             add_inputs=add_inputs)
     warm_up_layer(ctx, top_k_num)  # normally done at set_mapping; before the exit below
-    pw = ctx.punica_wrapper
-    token_lora, _, _, _, _, no_lora_flag, _ = pw.token_mapping_meta.meta_args(
-        x.size(0), pw.lora_config.specialize_active_lora)
-    if bool(no_lora_flag.item()):  # a CPU tensor: no device sync (vLLM's own early exit)
+    meta = ctx.punica_wrapper.token_mapping_meta  # what vLLM's ``meta_args`` hands out
+    if bool(meta.no_lora_flag_cpu.item()):  # a CPU tensor: no device sync (vLLM's early exit)
         return _SKIP, None, None, None
+    token_lora = meta.token_lora_mapping[: x.size(0)]
     if vllm_cuda_live.skippable(ctx.w13_lora_a_stacked[0]):  # no expert LoRA in this step
         return _SKIP, None, None, None
     a13, b13 = ctx.w13_lora_a_stacked, ctx.w13_lora_b_stacked

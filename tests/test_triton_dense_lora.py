@@ -83,6 +83,29 @@ def test_dense_lora_matches_reference(case, add_inputs):
 
 
 @needs_triton
+def test_repeat_calls_through_prepared_launches_match_reference():
+    """A second call of a known shape and M (fresh tensors and weights: another layer of the
+    step) goes through the prepared launches; a misaligned input starts a new one."""
+    from kernels import triton_dense_lora as tdl
+
+    m, k, ns, slots, rank = 21, 40, (24, 8, 8), 3, 8
+    cfg = dense_config(m, k, len(ns))
+    before = (len(tdl._SHRINK_PLANS.plans), len(tdl._EXPAND_PLANS.plans))
+    for seed in (1, 2, 3):
+        y, x, a, b, lora = problem(m, k, ns, slots, rank, torch.float32, seed=seed)
+        if seed == 3:  # the same values from a 4-byte-offset copy: not 16-byte aligned
+            x = torch.cat([x.new_zeros(m, 1), x], dim=1)[:, 1:]
+        groups = group_tokens(lora, slots + 1)
+        ref = dense_reference(y, x, a, b, lora.cpu(), 0.25, add_inputs=seed != 2)
+        part = dense_lora_shrink(x, a, groups, cfg, scale=0.25)
+        dense_lora_expand(y, part, b, groups, cfg, add_inputs=seed != 2)
+        assert rel_err(y, ref) < (5e-3 if HAS_CUDA else 2e-4), seed
+    # shrink: one plan, then one for the misaligned x; expand: add and overwrite
+    assert len(tdl._SHRINK_PLANS.plans) - before[0] == 2
+    assert len(tdl._EXPAND_PLANS.plans) - before[1] == 2
+
+
+@needs_triton
 def test_no_adapter_tokens_leave_output_untouched():
     y, x, a, b, lora = problem(9, 40, (24,), 2, 8, torch.float32, seed=5)
     lora[:] = -1

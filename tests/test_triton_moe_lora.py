@@ -102,6 +102,30 @@ def test_layer_matches_reference(case):
 
 
 @needs_triton
+@pytest.mark.parametrize("case", [CASES[1], CASES[-1]], ids=["single-align", "parallel-align"])
+def test_repeat_layers_through_prepared_launches_match_reference(case):
+    """Layer after layer of one shape and M (fresh weights, routing and inputs each time, as in
+    a step) reuses the prepared launches of the first: no new plan, results still right."""
+    from kernels import moe_lora_align, triton_moe_lora
+
+    t, h, i, e, k, n_slots, r, act, cfg = case
+    tables = (triton_moe_lora._SHRINK_PLANS, triton_moe_lora._EXPAND_PLANS,
+              moe_lora_align._ALIGN_PLANS)
+    for seed in range(3):
+        p = random_moe_lora_problem(t, h, i, e, k, n_slots, r, dtype=torch.float32, device=DEV,
+                                    no_adapter_fraction=0.3, slots_without_experts=(1,),
+                                    generator=torch.Generator().manual_seed(1000 + seed))
+        p["token_lora"][0] = 0
+        got = moe_lora_layer(**p, activation=act, config=cfg)
+        ref = moe_lora_reference(**p, activation=act, compute_dtype=torch.float64)
+        assert rel_err(got, ref) < TOL_F32, seed
+        counts = [len(tb.plans) for tb in tables]
+        if seed:
+            assert counts == first, "a repeat layer built new launches"
+        first = counts
+
+
+@needs_triton
 def test_align_puts_every_lora_row_in_one_block():
     gen = torch.Generator().manual_seed(int(torch.randint(0, 2**30, ()).item()))
     m, k, e, n_slots, bm = 37, 3, 6, 4, 16

@@ -140,10 +140,9 @@ def test_patched_methods_compute_the_lora_deltas(monkeypatch):
     a2, b2 = rnd(L, E, r, I, std=I**-0.5), rnd(L, E, H, r, std=r**-0.5)
     token_lora = torch.tensor([0, -1, 2, 1, 0, 2, -1], dtype=torch.int32, device=dev)
     no_lora = torch.tensor([False])
-    meta = SimpleNamespace(meta_args=lambda n, spec: (token_lora[:n], None, None, None, None,
-                                                      no_lora, None))
-    pw = SimpleNamespace(token_mapping_meta=meta,
-                         lora_config=SimpleNamespace(specialize_active_lora=False))
+    # vLLM 0.24's ``LoRAKernelMeta`` fields the MoE path reads
+    meta = SimpleNamespace(token_lora_mapping=token_lora, no_lora_flag_cpu=no_lora)
+    pw = SimpleNamespace(token_mapping_meta=meta)
     ctx = SimpleNamespace(w13_lora_a_stacked=a13, w13_lora_b_stacked=b13,
                           w2_lora_a_stacked=(a2,), w2_lora_b_stacked=(b2,),
                           adapter_enabled=torch.tensor([1, 1, 1, 0], dtype=torch.int32,
