@@ -36,6 +36,7 @@ from benchmarks.gpt_oss_dummy import (adapter_requests, add_run_args, in_process
 FAMILIES = [
     ("MoE-LoRA (loraplex)", r"_moe_lora_(align|shrink|expand)_kernel"),
     ("MoE-LoRA (vLLM)", r"fused_moe_lora|moe_lora_align"),
+    ("dense LoRA (loraplex)", r"_dense_lora_(shrink|expand)_kernel"),
     ("dense LoRA (vLLM punica)", r"_lora_(shrink|expand)|sgmv|bgmv"),
     ("MoE base GEMMs", r"fused_moe_kernel|matmul_ogs|_matmul|marlin|moe_wna16"),
     ("MoE routing / sums", r"topk|moe_sum|moe_align|routing|bitmatrix|gather|scatter|swiglu|silu"),

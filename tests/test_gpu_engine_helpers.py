@@ -83,6 +83,7 @@ def test_kernel_families_and_device_time_only():
     assert kernel_family("_moe_lora_shrink_kernel") == "MoE-LoRA (loraplex)"
     assert kernel_family("_fused_moe_lora_kernel") == "MoE-LoRA (vLLM)"
     assert kernel_family("_lora_expand_kernel") == "dense LoRA (vLLM punica)"
+    assert kernel_family("_dense_lora_shrink_kernel") == "dense LoRA (loraplex)"
     assert kernel_family("fused_moe_kernel") == "MoE base GEMMs"
     assert kernel_family("flash_fwd_splitkv_kernel") == "attention"
     assert kernel_family("nvjet_tst_128x64_64x4") == "dense GEMMs"
