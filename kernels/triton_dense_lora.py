@@ -66,8 +66,11 @@ def dense_config(m: int, in_features: int, num_slices: int = 1) -> DenseLoRAConf
 
 @triton.jit
 def _group_block(pid_b, blocks_per_group, num_tokens, sorted_idx_ptr, group_slot_ptr,
-                 group_ntok_ptr, group_start_ptr, BM: tl.constexpr):
-    """``(live, slot, rows [BM], pos [BM], row_ok [BM])`` of row-block program ``pid_b``."""
+                 group_ntok_ptr, group_start_ptr, slot_live_ptr, BM: tl.constexpr,
+                 HAS_LIVE: tl.constexpr):
+    """``(live, slot, rows [BM], pos [BM], row_ok [BM])`` of row-block program ``pid_b``; with
+    HAS_LIVE a slot whose ``slot_live`` entry is 0 (its adapter has no weights for this layer)
+    is not live."""
     group = pid_b // blocks_per_group
     first = (pid_b % blocks_per_group) * BM
     slot = tl.load(group_slot_ptr + group)
@@ -78,18 +81,20 @@ def _group_block(pid_b, blocks_per_group, num_tokens, sorted_idx_ptr, group_slot
     row_ok = ((first + offs_m) < ntok) & (pos < num_tokens)
     rows = tl.load(sorted_idx_ptr + pos, mask=row_ok, other=0)
     live = (slot >= 0) & (first < ntok)
+    if HAS_LIVE:
+        live = live & (tl.load(slot_live_ptr + tl.maximum(slot, 0)) != 0)
     return live, slot, rows, pos, row_ok
 
 
 @triton.jit(do_not_specialize=["blocks_per_group", "num_tokens"])
 def _dense_lora_shrink_kernel(
     x_ptr, a0_ptr, a1_ptr, a2_ptr, part_ptr,
-    sorted_idx_ptr, group_slot_ptr, group_ntok_ptr, group_start_ptr, blocks_per_group, num_tokens,
-    in_features, rank, k_per_split, scale,
+    sorted_idx_ptr, group_slot_ptr, group_ntok_ptr, group_start_ptr, slot_live_ptr,
+    blocks_per_group, num_tokens, in_features, rank, k_per_split, scale,
     stride_xm, stride_al, stride_ar, stride_ps, stride_pm,
     BM: tl.constexpr, RP: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
     EVEN_R: tl.constexpr, NUM_SLICES: tl.constexpr, HAS_SCALE: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    HAS_LIVE: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     pid_b = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -98,7 +103,7 @@ def _dense_lora_shrink_kernel(
         tl.extra.cuda.gdc_launch_dependents()
     live, slot, rows, pos, row_ok = _group_block(
         pid_b, blocks_per_group, num_tokens, sorted_idx_ptr, group_slot_ptr, group_ntok_ptr,
-        group_start_ptr, BM)
+        group_start_ptr, slot_live_ptr, BM, HAS_LIVE)
     if live == 0:
         return
     a_base = a0_ptr
@@ -123,12 +128,12 @@ def _dense_lora_shrink_kernel(
 @triton.jit(do_not_specialize=["blocks_per_group", "num_tokens", "split_k"])
 def _dense_lora_expand_kernel(
     y_ptr, b0_ptr, b1_ptr, b2_ptr, part_ptr,
-    sorted_idx_ptr, group_slot_ptr, group_ntok_ptr, group_start_ptr, blocks_per_group, num_tokens,
-    n0, n1, n2, rank, split_k,
+    sorted_idx_ptr, group_slot_ptr, group_ntok_ptr, group_start_ptr, slot_live_ptr,
+    blocks_per_group, num_tokens, n0, n1, n2, rank, split_k,
     stride_ym, stride_bl0, stride_bl1, stride_bl2, stride_bn, stride_ps, stride_pm,
     BM: tl.constexpr, RP: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr,
     EVEN_R: tl.constexpr, NUM_SLICES: tl.constexpr, ADD_INPUTS: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    HAS_LIVE: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_b = tl.program_id(1)
@@ -153,7 +158,7 @@ def _dense_lora_expand_kernel(
         return
     live, slot, rows, pos, row_ok = _group_block(
         pid_b, blocks_per_group, num_tokens, sorted_idx_ptr, group_slot_ptr, group_ntok_ptr,
-        group_start_ptr, BM)
+        group_start_ptr, slot_live_ptr, BM, HAS_LIVE)
     if live == 0:
         return
     offs_r = tl.arange(0, RP)
@@ -228,23 +233,27 @@ def as_3d(stacks: Sequence[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def dense_lora_shrink(x: torch.Tensor, lora_a: Sequence[torch.Tensor], groups: TokenGroups,
-                      cfg: DenseLoRAConfig, scale: float = 1.0, use_pdl: bool = False
-                      ) -> torch.Tensor:
+                      cfg: DenseLoRAConfig, scale: float = 1.0, use_pdl: bool = False,
+                      slot_live: torch.Tensor | None = None) -> torch.Tensor:
     """``x [M, >=in]`` with ``A [L, 1, r, in]`` (or ``[L, r, in]``) per slice, all slices of one
     shape → fp32 partials ``[split_k, M, S*RP]`` at the tokens' sorted positions (RP = rank
-    padded to 2^n >= 16). Repeat calls of a known shape and M launch a prepared launch."""
+    padded to 2^n >= 16). ``slot_live [L]`` int32 (optional): slots whose entry is 0 are skipped
+    (their partials are not written; pass the same tensor to the expand). Repeat calls of a
+    known shape and M launch a prepared launch."""
     num_slices = len(lora_a)
     assert 1 <= num_slices <= MAX_SLICES
     a = as_3d(lora_a)
     a1 = a[min(1, num_slices - 1)]
     g, m = groups, groups.num_tokens
+    live = g.slot if slot_live is None else slot_live
     key = (cfg, m, x.stride(0), x.dtype, a[0].shape, a[0].stride(), num_slices, scale, use_pdl,
-           g.slot.shape[0], aligned16(x, a[0], a1, a[-1], g.sorted_idx, g.slot, g.ntok, g.start))
+           g.slot.shape[0], slot_live is not None,
+           aligned16(x, a[0], a1, a[-1], g.sorted_idx, g.slot, g.ntok, g.start, live))
     plan = _SHRINK_PLANS.get(key)
     if plan is not None:
         part = torch.empty(plan.extra, dtype=torch.float32, device=x.device)
         plan.launch(raw_stream(x.device), x, a[0], a1, a[-1], part, g.sorted_idx, g.slot, g.ntok,
-                    g.start)
+                    g.start, live)
         return part
     rank, in_features = a[0].shape[-2], a[0].shape[-1]
     rp = rank_pad(rank)
@@ -258,11 +267,12 @@ def dense_lora_shrink(x: torch.Tensor, lora_a: Sequence[torch.Tensor], groups: T
     bpg = cdiv(m, cfg.block_m)
     _SHRINK_PLANS.launch_new(
         key, (g.num_groups * bpg, split_k, num_slices),
-        (x, a[0], a1, a[-1], part, g.sorted_idx, g.slot, g.ntok, g.start, bpg, m,
+        (x, a[0], a1, a[-1], part, g.sorted_idx, g.slot, g.ntok, g.start, live, bpg, m,
          in_features, rank, k_per_split, float(scale),
          x.stride(0), a[0].stride(0), a[0].stride(1), part.stride(0), part.stride(1)),
         dict(BM=cfg.block_m, RP=rp, BLOCK_K=block_k, EVEN_K=even_k, EVEN_R=rank == rp,
-             NUM_SLICES=num_slices, HAS_SCALE=scale != 1.0, USE_PDL=use_pdl,
+             NUM_SLICES=num_slices, HAS_SCALE=scale != 1.0, HAS_LIVE=slot_live is not None,
+             USE_PDL=use_pdl,
              num_warps=cfg.num_warps, num_stages=2, launch_pdl=use_pdl),
         extra=tuple(part.shape))
     return part
@@ -270,10 +280,12 @@ def dense_lora_shrink(x: torch.Tensor, lora_a: Sequence[torch.Tensor], groups: T
 
 def dense_lora_expand(y: torch.Tensor, part: torch.Tensor, lora_b: Sequence[torch.Tensor],
                       groups: TokenGroups, cfg: DenseLoRAConfig, add_inputs: bool = True,
-                      use_pdl: bool = False) -> None:
+                      use_pdl: bool = False, slot_live: torch.Tensor | None = None) -> None:
     """``y [M, >=sum(N)] (+)= part @ B^T`` per slice, slice i into its columns; ``B [L, 1,
-    N_i, r]`` (or ``[L, N_i, r]``). Rows without an adapter are left untouched. Repeat calls of
-    a known shape and M launch a prepared launch."""
+    N_i, r]`` (or ``[L, N_i, r]``). Rows without an adapter, and with ``slot_live`` rows of
+    slots whose entry is 0, are left untouched (so with ``add_inputs=False`` only pass
+    ``slot_live`` when those rows may keep their contents). Repeat calls of a known shape and
+    M launch a prepared launch."""
     num_slices = len(lora_b)
     assert 1 <= num_slices <= MAX_SLICES
     b = as_3d(lora_b)
@@ -281,13 +293,14 @@ def dense_lora_expand(y: torch.Tensor, part: torch.Tensor, lora_b: Sequence[torc
     g, m = groups, groups.num_tokens
     if m == 0:
         return
+    live = g.slot if slot_live is None else slot_live
     key = (cfg, m, y.stride(0), y.dtype, tuple(t.shape for t in b), tuple(t.stride() for t in b),
-           add_inputs, use_pdl, part.shape[0], g.slot.shape[0],
-           aligned16(y, b[0], b1, b[-1], part, g.sorted_idx, g.slot, g.ntok, g.start))
+           add_inputs, use_pdl, part.shape[0], g.slot.shape[0], slot_live is not None,
+           aligned16(y, b[0], b1, b[-1], part, g.sorted_idx, g.slot, g.ntok, g.start, live))
     plan = _EXPAND_PLANS.get(key)
     if plan is not None:
         plan.launch(raw_stream(y.device), y, b[0], b1, b[-1], part, g.sorted_idx, g.slot, g.ntok,
-                    g.start)
+                    g.start, live)
         return
     ns = [t.shape[-2] for t in b] + [0] * (MAX_SLICES - num_slices)
     rank = b[0].shape[-1]
@@ -300,10 +313,11 @@ def dense_lora_expand(y: torch.Tensor, part: torch.Tensor, lora_b: Sequence[torc
     bpg = cdiv(m, cfg.block_m)
     _EXPAND_PLANS.launch_new(
         key, (cdiv(max(ns), block_n), g.num_groups * bpg, num_slices),
-        (y, b[0], b1, b[-1], part, g.sorted_idx, g.slot, g.ntok, g.start, bpg, m,
+        (y, b[0], b1, b[-1], part, g.sorted_idx, g.slot, g.ntok, g.start, live, bpg, m,
          ns[0], ns[1], ns[2], rank, part.shape[0],
          y.stride(0), bl[0], bl[1], bl[2], b[0].stride(1), part.stride(0), part.stride(1)),
         dict(BM=cfg.block_m, RP=rp, BLOCK_N=block_n,
              EVEN_N=all(n % block_n == 0 for n in ns[:num_slices]), EVEN_R=rank == rp,
-             NUM_SLICES=num_slices, ADD_INPUTS=add_inputs, USE_PDL=use_pdl,
+             NUM_SLICES=num_slices, ADD_INPUTS=add_inputs, HAS_LIVE=slot_live is not None,
+             USE_PDL=use_pdl,
              num_warps=cfg.num_warps, num_stages=1, launch_pdl=use_pdl))

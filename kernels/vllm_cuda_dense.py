@@ -10,6 +10,10 @@ zero-fill, a split-K shrink with atomics and an expand (three launches, default 
 per-step metadata vLLM prepares outside CUDA graphs (tokens grouped by slot in
 ``token_mapping_meta``), so it is CUDA-graph safe exactly as vLLM's is.
 
+Modules that no adapter of the step targets are skipped in steps without CUDA graphs; inside
+graphs their programs exit at once, reading a per-module slot mask (``kernels.vllm_cuda_live``).
+Neither when the op overwrites (``add_inputs=False``): those rows must still be written.
+
 Per layer shape the first call (vLLM's profile run, before graph capture and serving) compiles every
 variant the batch-size buckets can launch, so no compile happens while serving. Cases vLLM's
 own path keeps: more than three slices, dtypes other than bf16/fp16, non-CUDA tensors.
@@ -78,6 +82,7 @@ def _warm_up(layer: _Layer) -> bool:
     dtype = layer.a[0].dtype
     slots = layer.a[0].shape[0]
     out = sum(t.shape[-2] for t in layer.b)
+    live = torch.ones(slots, dtype=torch.int32, device=dev)
     with compiling_on_purpose():
         for m in WARM_UP_MS:
             groups = group_tokens(torch.arange(m, device=dev, dtype=torch.int32) % slots,
@@ -85,10 +90,12 @@ def _warm_up(layer: _Layer) -> bool:
             cfg = dense_config(m, layer.in_features, len(layer.a))
             x = torch.zeros(m, layer.in_features, dtype=dtype, device=dev)
             y = torch.zeros(m, out, dtype=dtype, device=dev)
-            for add_inputs in (True, False):
-                pdl = pdl_supported(x)
-                part = dense_lora_shrink(x, layer.a, groups, cfg, use_pdl=pdl)
-                dense_lora_expand(y, part, layer.b, groups, cfg, add_inputs, use_pdl=pdl)
+            pdl = pdl_supported(x)
+            for add_inputs, slot_live in ((True, None), (False, None), (True, live)):
+                part = dense_lora_shrink(x, layer.a, groups, cfg, use_pdl=pdl,
+                                         slot_live=slot_live)
+                dense_lora_expand(y, part, layer.b, groups, cfg, add_inputs, use_pdl=pdl,
+                                  slot_live=slot_live)
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
     return True
@@ -108,15 +115,19 @@ def dense_lora_linear(y: torch.Tensor, x: torch.Tensor, lora_a: list[torch.Tenso
 
     if bool(no_lora_flag_cpu.item()):  # a CPU tensor: no device sync
         return
-    if vllm_cuda_live.skippable(lora_a[0]):  # no adapter of this step targets the layer
-        return
+    live = None
+    if add_inputs:  # (overwriting must write zeros for slots without weights: not skipped)
+        if vllm_cuda_live.skippable(lora_a[0]):  # no adapter of this step targets the layer
+            return
+        live = vllm_cuda_live.slot_mask(lora_a[0])  # inside graphs: their programs exit
     layer = _layer(lora_a, lora_b)
     m = x.shape[0]
     groups = TokenGroups(sorted_idx, group_slot, group_ntok, group_start, m)
     cfg = dense_config(m, layer.in_features, len(layer.a))
     pdl = pdl_supported(x)
-    part = dense_lora_shrink(x, layer.a, groups, cfg, scale=scale, use_pdl=pdl)
-    dense_lora_expand(y, part, layer.b, groups, cfg, add_inputs=add_inputs, use_pdl=pdl)
+    part = dense_lora_shrink(x, layer.a, groups, cfg, scale=scale, use_pdl=pdl, slot_live=live)
+    dense_lora_expand(y, part, layer.b, groups, cfg, add_inputs=add_inputs, use_pdl=pdl,
+                      slot_live=live)
 
 
 def _dense_lora_linear_fake(y, x, lora_a, lora_b, scale, add_inputs, sorted_idx, group_slot,

@@ -16,6 +16,13 @@ Two facts, kept on the host by wrapping two vLLM 0.24 methods:
 being captured (the graph must hold the launches for later steps) and never for a module whose
 slots were not tracked. Keys are the data pointers of the modules' first A stacks (allocated
 once at model load).
+
+Inside CUDA graphs (decode) the launches stay, but they need not work: per dense module a
+device mask ``slot_mask(first_a_stack) [L]`` int32 (1: the slot's adapter has weights here) is
+kept in step with the first fact, written in place (outside graphs, when an adapter is
+activated; its address never changes), and the dense kernels' programs for slots marked 0 exit
+at once. vLLM activates its dummy adapters before capturing graphs, so every dense module has
+its mask by then.
 """
 
 from __future__ import annotations
@@ -25,30 +32,61 @@ import torch
 _originals: dict[str, object] = {}
 _live: dict[int, set[int]] = {}  # module key -> slots whose adapter has weights there
 _step: dict[str, frozenset | None] = {"slots": None}  # slots this step's tokens use
+_masks: dict[int, torch.Tensor] = {}  # dense module key -> [L] int32 device mask of _live
+
+
+def first_a_stack(module) -> tuple[torch.Tensor | None, bool]:
+    """``(first A stack, is an MoE module)`` of a LoRA module (``None``: not a LoRA module)."""
+    def present(stacks) -> bool:
+        return stacks is not None and (isinstance(stacks, torch.Tensor) or len(stacks) > 0)
+
+    stacks = getattr(module, "w13_lora_a_stacked", None)
+    moe = present(stacks)
+    if not moe:
+        stacks = getattr(module, "lora_a_stacked", None)
+        if not present(stacks):
+            return None, False
+    return (stacks if isinstance(stacks, torch.Tensor) else stacks[0]), moe
 
 
 def module_key(module) -> int | None:
     """The key of a LoRA module: data pointer of its first A stack (None: not a LoRA module)."""
-    stacks = getattr(module, "w13_lora_a_stacked", None) or getattr(module, "lora_a_stacked",
-                                                                     None)
-    if stacks is None:
-        return None
-    first = stacks if isinstance(stacks, torch.Tensor) else stacks[0]
-    return first.data_ptr()
+    first, _ = first_a_stack(module)
+    return None if first is None else first.data_ptr()
 
 
 def record_slot(manager, index: int, lora_model) -> None:
     """After ``activate_adapter`` put ``lora_model`` in slot ``index``: per module, whether
     that slot now holds weights."""
     for name, module in manager.modules.items():
-        key = module_key(module)
-        if key is None:
+        first, moe = first_a_stack(module)
+        if first is None:
             continue
+        key = first.data_ptr()
         live = _live.setdefault(key, set())
-        if manager._get_lora_layer_weights(lora_model, name):
+        has = bool(manager._get_lora_layer_weights(lora_model, name))
+        if has:
             live.add(index)
         else:
             live.discard(index)
+        if not moe:  # MoE layers have vLLM's own per-slot flag (``adapter_enabled``)
+            _write_mask(key, first, index, has)
+
+
+def _write_mask(key: int, first: torch.Tensor, index: int, has: bool) -> None:
+    if first.is_cuda and torch.cuda.is_current_stream_capturing():
+        return  # never written from inside a graph (vLLM activates adapters outside them)
+    mask = _masks.get(key)
+    if mask is None:
+        mask = _masks[key] = torch.zeros(first.shape[0], dtype=torch.int32, device=first.device)
+    if 0 <= index < mask.shape[0]:
+        mask[index] = int(has)
+
+
+def slot_mask(first_a_stack: torch.Tensor) -> torch.Tensor | None:
+    """The device mask of a dense module (``[L]`` int32, 1 where the slot's adapter has weights
+    for it), or None when the module is not tracked."""
+    return _masks.get(first_a_stack.data_ptr()) if _originals else None
 
 
 def record_step(index_mapping, lora_index_to_id) -> None:
@@ -104,4 +142,5 @@ def uninstall() -> None:
     LoRAModelManager.activate_adapter = _originals.pop("activate_adapter")
     PunicaWrapperGPU.update_metadata = _originals.pop("update_metadata")
     _live.clear()
+    _masks.clear()
     _step["slots"] = None

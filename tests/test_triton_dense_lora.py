@@ -106,6 +106,27 @@ def test_repeat_calls_through_prepared_launches_match_reference():
 
 
 @needs_triton
+@pytest.mark.parametrize("m", [13, 70])
+def test_slots_marked_not_live_are_skipped(m):
+    """``slot_live``: tokens of a slot whose adapter has no weights for the layer are left as
+    they are (no shrink, no expand), the others get their delta."""
+    k, ns, slots, rank = 40, (24, 8), 3, 8
+    y, x, a, b, lora = problem(m, k, ns, slots, rank, torch.float32, seed=m)
+    lora[1] = 1
+    groups = group_tokens(lora, slots + 1)
+    cfg = dense_config(m, k, len(ns))
+    live = torch.tensor([1, 0, 1], dtype=torch.int32, device=DEV)
+    dead = lora.cpu() == 1
+    ref = dense_reference(y, x, a, b, torch.where(dead, -1, lora.cpu()), 1.0)
+    before = y.clone()
+    part = dense_lora_shrink(x, a, groups, cfg, slot_live=live)
+    dense_lora_expand(y, part, b, groups, cfg, slot_live=live)
+    assert rel_err(y, ref) < (5e-3 if HAS_CUDA else 2e-4)
+    assert torch.equal(y.cpu()[dead], before.cpu()[dead])
+    assert not torch.equal(y.cpu()[lora.cpu() == 0], before.cpu()[lora.cpu() == 0])
+
+
+@needs_triton
 def test_no_adapter_tokens_leave_output_untouched():
     y, x, a, b, lora = problem(9, 40, (24,), 2, 8, torch.float32, seed=5)
     lora[:] = -1
@@ -169,3 +190,30 @@ def test_vllm_op_skips_a_layer_no_adapter_of_the_step_targets(monkeypatch):
     vllm_cuda_live._step["slots"] = frozenset({0, 2})
     vllm_cuda_dense.dense_lora_linear(y, x, a, b, *args)
     assert not torch.equal(y, before)
+
+
+@needs_triton
+def test_vllm_op_inside_graphs_masks_slots_without_weights(monkeypatch):
+    """When the step's slots are not known on the host (a CUDA-graph replay), the op hands the
+    module's slot mask to the kernels: tokens of slots whose adapter has no weights here keep
+    their rows; an overwriting call still writes every adapter row."""
+    from kernels import vllm_cuda_dense, vllm_cuda_live
+
+    y, x, a, b, lora = problem(17, 40, (24, 8, 8), 3, 8, torch.float32, seed=6)
+    lora[:3] = torch.tensor([0, 1, 2], dtype=torch.int32)
+    g = group_tokens(lora, 4)
+    mask = torch.tensor([1, 0, 1], dtype=torch.int32, device=DEV)
+    monkeypatch.setattr(vllm_cuda_live, "_masks", {a[0].data_ptr(): mask})
+    monkeypatch.setattr(vllm_cuda_live, "_originals", {"activate_adapter": None})
+    monkeypatch.setattr(vllm_cuda_live, "_step", {"slots": None})
+    dead = lora.cpu() == 1
+    tol = 5e-3 if HAS_CUDA else 2e-4
+    for add_inputs in (True, False):
+        y0 = y.clone()
+        ref = dense_reference(y0, x, a, b, torch.where(dead, -1, lora.cpu()) if add_inputs
+                              else lora.cpu(), 1.0, add_inputs)
+        vllm_cuda_dense.dense_lora_linear(y0, x, a, b, 1.0, add_inputs, g.sorted_idx, g.slot,
+                                          g.ntok, g.start, torch.tensor([False]))
+        assert rel_err(y0, ref) < tol, add_inputs
+        if add_inputs:
+            assert torch.equal(y0.cpu()[dead], y.cpu()[dead])

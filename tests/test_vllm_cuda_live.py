@@ -14,6 +14,7 @@ from kernels import vllm_cuda_live as live
 @pytest.fixture(autouse=True)
 def _fresh(monkeypatch):
     monkeypatch.setattr(live, "_live", {})
+    monkeypatch.setattr(live, "_masks", {})
     monkeypatch.setattr(live, "_step", {"slots": None})
 
 
@@ -24,7 +25,7 @@ def manager_with(attn, router, experts):
                "router": SimpleNamespace(lora_a_stacked=(router,)),
                "experts": SimpleNamespace(w13_lora_a_stacked=(experts,), lora_a_stacked=[]),
                "norm": SimpleNamespace()}
-    carries = {7: {"qkv", "experts"}, 8: {"qkv"}}
+    carries = {7: {"qkv", "experts"}, 8: {"qkv"}, 9: set()}
     return SimpleNamespace(modules=modules, _get_lora_layer_weights=lambda lora, name: (
         name in carries[lora.id]))
 
@@ -58,3 +59,21 @@ def test_wrapped_methods_record_slots_and_steps():
         live._originals.clear()
     assert live._step["slots"] == frozenset({1})
     assert live.skippable(router) and not live.skippable(attn) and not live.skippable(experts)
+
+
+def test_dense_modules_get_a_device_mask_of_their_live_slots(monkeypatch):
+    """The mask the dense kernels read inside CUDA graphs follows the activations, in place
+    (same tensor, same address); MoE modules get none (vLLM flags their slots itself)."""
+    attn, router, experts = torch.zeros(4), torch.zeros(4, 2), torch.zeros(4)
+    mgr = manager_with(attn, router, experts)
+    live.record_slot(mgr, 0, SimpleNamespace(id=7))
+    live.record_slot(mgr, 2, SimpleNamespace(id=8))
+    assert live.slot_mask(attn) is None  # tracking not installed: no mask handed out
+    monkeypatch.setitem(live._originals, "activate_adapter", None)
+    qkv_mask, router_mask = live.slot_mask(attn), live.slot_mask(router)
+    assert qkv_mask.tolist() == [1, 0, 1, 0] and router_mask.tolist() == [0, 0, 0, 0]
+    assert qkv_mask.dtype == torch.int32 and live.slot_mask(experts) is None
+    live.record_slot(mgr, 0, SimpleNamespace(id=8))  # still attention
+    live.record_slot(mgr, 2, SimpleNamespace(id=9))  # an adapter with nothing here
+    assert live.slot_mask(attn) is qkv_mask and qkv_mask.tolist() == [1, 0, 0, 0]
+
