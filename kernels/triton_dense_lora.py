@@ -3,9 +3,11 @@
 The batch's tokens come grouped by adapter slot the way vLLM's punica metadata holds them
 (``LoRAKernelMeta``, prepared once per step outside CUDA graphs): ``sorted_idx [M]`` token ids
 grouped by slot, and per group ``g`` its slot ``group_slot[g]`` (-1: no adapter), token count
-``group_ntok[g]`` and first position ``group_start[g]``. Program ``b`` of the row axis works on
-rows ``[j*BM, (j+1)*BM)`` of group ``b // blocks_per_group``; programs past a group's tokens
-and groups without a slot exit at once. Then
+``group_ntok[g]`` and first position ``group_start[g]``. The row axis is compact: groups with a
+live slot get ``ceil(ntok/BM)`` blocks each, numbered group after group (each program finds its
+group from the G token counts, a prefix sum over at most a few dozen values), so the grid is
+``ceil(M/BM) + G - 1`` programs, not ``G * ceil(M/BM)``, and programs past the last block exit
+at once. Then
 
 - shrink: ``part[s, p, slice*RP + r] = scale * sum_{k in split s} x[sorted_idx[p], k] *
   A[slot, r, k]``
@@ -65,35 +67,45 @@ def dense_config(m: int, in_features: int, num_slices: int = 1) -> DenseLoRAConf
 
 
 @triton.jit
-def _group_block(pid_b, blocks_per_group, num_tokens, sorted_idx_ptr, group_slot_ptr,
-                 group_ntok_ptr, group_start_ptr, slot_live_ptr, BM: tl.constexpr,
+def _group_block(pid_b, num_groups, num_tokens, sorted_idx_ptr, group_slot_ptr, group_ntok_ptr,
+                 group_start_ptr, slot_live_ptr, BM: tl.constexpr, G_P2: tl.constexpr,
                  HAS_LIVE: tl.constexpr):
-    """``(live, slot, rows [BM], pos [BM], row_ok [BM])`` of row-block program ``pid_b``; with
-    HAS_LIVE a slot whose ``slot_live`` entry is 0 (its adapter has no weights for this layer)
-    is not live."""
-    group = pid_b // blocks_per_group
-    first = (pid_b % blocks_per_group) * BM
-    slot = tl.load(group_slot_ptr + group)
-    ntok = tl.load(group_ntok_ptr + group)
-    start = tl.load(group_start_ptr + group)
+    """``(live, slot, rows [BM], pos [BM], row_ok [BM])`` of row-block program ``pid_b``: block
+    ``pid_b`` of the compact numbering over the groups with a live slot (slot >= 0 and, with
+    HAS_LIVE, a non-zero ``slot_live`` entry: its adapter has weights for this layer)."""
+    offs_g = tl.arange(0, G_P2)
+    g_ok = offs_g < num_groups
+    slots = tl.load(group_slot_ptr + offs_g, mask=g_ok, other=-1)
+    ntoks = tl.load(group_ntok_ptr + offs_g, mask=g_ok, other=0)
+    on = slots >= 0
+    if HAS_LIVE:
+        on = on & (tl.load(slot_live_ptr + tl.maximum(slots, 0), mask=g_ok, other=0) != 0)
+    nblk = tl.where(on, (ntoks + BM - 1) // BM, 0)
+    cum = tl.cumsum(nblk, 0)  # inclusive: group g owns blocks [cum[g] - nblk[g], cum[g])
+    group = tl.sum((cum <= pid_b).to(tl.int32), 0)
+    live = group < num_groups
+    this = offs_g == group
+    first = (pid_b - tl.sum(tl.where(this, cum - nblk, 0), 0)) * BM
+    slot = tl.sum(tl.where(this, slots, 0), 0)
+    ntok = tl.sum(tl.where(this, ntoks, 0), 0)
+    start = tl.load(group_start_ptr + tl.minimum(group, num_groups - 1))
     offs_m = tl.arange(0, BM)
     pos = start + first + offs_m
-    row_ok = ((first + offs_m) < ntok) & (pos < num_tokens)
+    # (the group test broadcast to the block first: the interpreter rejects a mask combined
+    # from a reduction's scalar and a block)
+    row_ok = ((first + offs_m) < ntok) & (pos < num_tokens) & ((offs_m * 0 + group) < num_groups)
     rows = tl.load(sorted_idx_ptr + pos, mask=row_ok, other=0)
-    live = (slot >= 0) & (first < ntok)
-    if HAS_LIVE:
-        live = live & (tl.load(slot_live_ptr + tl.maximum(slot, 0)) != 0)
     return live, slot, rows, pos, row_ok
 
 
-@triton.jit(do_not_specialize=["blocks_per_group", "num_tokens"])
+@triton.jit(do_not_specialize=["num_tokens"])
 def _dense_lora_shrink_kernel(
     x_ptr, a0_ptr, a1_ptr, a2_ptr, part_ptr,
     sorted_idx_ptr, group_slot_ptr, group_ntok_ptr, group_start_ptr, slot_live_ptr,
-    blocks_per_group, num_tokens, in_features, rank, k_per_split, scale,
+    num_groups, num_tokens, in_features, rank, k_per_split, scale,
     stride_xm, stride_al, stride_ar, stride_ps, stride_pm,
     BM: tl.constexpr, RP: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-    EVEN_R: tl.constexpr, NUM_SLICES: tl.constexpr, HAS_SCALE: tl.constexpr,
+    EVEN_R: tl.constexpr, NUM_SLICES: tl.constexpr, HAS_SCALE: tl.constexpr, G_P2: tl.constexpr,
     HAS_LIVE: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     pid_b = tl.program_id(0)
@@ -102,8 +114,8 @@ def _dense_lora_shrink_kernel(
     if USE_PDL:
         tl.extra.cuda.gdc_launch_dependents()
     live, slot, rows, pos, row_ok = _group_block(
-        pid_b, blocks_per_group, num_tokens, sorted_idx_ptr, group_slot_ptr, group_ntok_ptr,
-        group_start_ptr, slot_live_ptr, BM, HAS_LIVE)
+        pid_b, num_groups, num_tokens, sorted_idx_ptr, group_slot_ptr, group_ntok_ptr,
+        group_start_ptr, slot_live_ptr, BM, G_P2, HAS_LIVE)
     if live == 0:
         return
     a_base = a0_ptr
@@ -125,14 +137,14 @@ def _dense_lora_shrink_kernel(
     tl.store(p_ptrs, acc, mask=row_ok[:, None])
 
 
-@triton.jit(do_not_specialize=["blocks_per_group", "num_tokens", "split_k"])
+@triton.jit(do_not_specialize=["num_tokens", "split_k"])
 def _dense_lora_expand_kernel(
     y_ptr, b0_ptr, b1_ptr, b2_ptr, part_ptr,
     sorted_idx_ptr, group_slot_ptr, group_ntok_ptr, group_start_ptr, slot_live_ptr,
-    blocks_per_group, num_tokens, n0, n1, n2, rank, split_k,
+    num_groups, num_tokens, n0, n1, n2, rank, split_k,
     stride_ym, stride_bl0, stride_bl1, stride_bl2, stride_bn, stride_ps, stride_pm,
     BM: tl.constexpr, RP: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr,
-    EVEN_R: tl.constexpr, NUM_SLICES: tl.constexpr, ADD_INPUTS: tl.constexpr,
+    EVEN_R: tl.constexpr, NUM_SLICES: tl.constexpr, ADD_INPUTS: tl.constexpr, G_P2: tl.constexpr,
     HAS_LIVE: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
@@ -157,8 +169,8 @@ def _dense_lora_expand_kernel(
     if pid_n * BLOCK_N >= n_slice:
         return
     live, slot, rows, pos, row_ok = _group_block(
-        pid_b, blocks_per_group, num_tokens, sorted_idx_ptr, group_slot_ptr, group_ntok_ptr,
-        group_start_ptr, slot_live_ptr, BM, HAS_LIVE)
+        pid_b, num_groups, num_tokens, sorted_idx_ptr, group_slot_ptr, group_ntok_ptr,
+        group_start_ptr, slot_live_ptr, BM, G_P2, HAS_LIVE)
     if live == 0:
         return
     offs_r = tl.arange(0, RP)
@@ -227,6 +239,12 @@ def group_tokens(token_lora: torch.Tensor, num_groups: int) -> TokenGroups:
     return TokenGroups(order, slot, ntok, start, m)
 
 
+def row_blocks(m: int, block_m: int, num_groups: int) -> int:
+    """Programs of the row axis: enough blocks of ``block_m`` rows for any split of ``m``
+    tokens over ``num_groups`` groups (each group's last block may be partial)."""
+    return cdiv(m, block_m) + num_groups - 1
+
+
 def as_3d(stacks: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """vLLM's per-slice stacks ``[L, 1, X, Y]`` as ``[L, X, Y]`` views (3-D ones as they are)."""
     return [t if t.dim() == 3 else t.flatten(1, 2) for t in stacks]
@@ -264,14 +282,14 @@ def dense_lora_shrink(x: torch.Tensor, lora_a: Sequence[torch.Tensor], groups: T
     assert x.stride(-1) == 1 and all(t.stride(-1) == 1 for t in a)
     assert all(t.shape == a[0].shape and t.stride() == a[0].stride() for t in a), \
         "slices must share shape and strides"
-    bpg = cdiv(m, cfg.block_m)
     _SHRINK_PLANS.launch_new(
-        key, (g.num_groups * bpg, split_k, num_slices),
-        (x, a[0], a1, a[-1], part, g.sorted_idx, g.slot, g.ntok, g.start, live, bpg, m,
+        key, (row_blocks(m, cfg.block_m, g.num_groups), split_k, num_slices),
+        (x, a[0], a1, a[-1], part, g.sorted_idx, g.slot, g.ntok, g.start, live, g.num_groups, m,
          in_features, rank, k_per_split, float(scale),
          x.stride(0), a[0].stride(0), a[0].stride(1), part.stride(0), part.stride(1)),
         dict(BM=cfg.block_m, RP=rp, BLOCK_K=block_k, EVEN_K=even_k, EVEN_R=rank == rp,
-             NUM_SLICES=num_slices, HAS_SCALE=scale != 1.0, HAS_LIVE=slot_live is not None,
+             NUM_SLICES=num_slices, HAS_SCALE=scale != 1.0, G_P2=next_pow2(g.num_groups),
+             HAS_LIVE=slot_live is not None,
              USE_PDL=use_pdl,
              num_warps=cfg.num_warps, num_stages=2, launch_pdl=use_pdl),
         extra=tuple(part.shape))
@@ -310,14 +328,14 @@ def dense_lora_expand(y: torch.Tensor, part: torch.Tensor, lora_b: Sequence[torc
     bl = [t.stride(0) for t in b] + [0] * (MAX_SLICES - num_slices)
     assert y.shape[-1] >= sum(ns), (y.shape, ns)
     block_n = min(cfg.block_n, max(16, next_pow2(max(ns))))
-    bpg = cdiv(m, cfg.block_m)
     _EXPAND_PLANS.launch_new(
-        key, (cdiv(max(ns), block_n), g.num_groups * bpg, num_slices),
-        (y, b[0], b1, b[-1], part, g.sorted_idx, g.slot, g.ntok, g.start, live, bpg, m,
+        key, (cdiv(max(ns), block_n), row_blocks(m, cfg.block_m, g.num_groups), num_slices),
+        (y, b[0], b1, b[-1], part, g.sorted_idx, g.slot, g.ntok, g.start, live, g.num_groups, m,
          ns[0], ns[1], ns[2], rank, part.shape[0],
          y.stride(0), bl[0], bl[1], bl[2], b[0].stride(1), part.stride(0), part.stride(1)),
         dict(BM=cfg.block_m, RP=rp, BLOCK_N=block_n,
              EVEN_N=all(n % block_n == 0 for n in ns[:num_slices]), EVEN_R=rank == rp,
-             NUM_SLICES=num_slices, ADD_INPUTS=add_inputs, HAS_LIVE=slot_live is not None,
+             NUM_SLICES=num_slices, ADD_INPUTS=add_inputs, G_P2=next_pow2(g.num_groups),
+             HAS_LIVE=slot_live is not None,
              USE_PDL=use_pdl,
              num_warps=cfg.num_warps, num_stages=1, launch_pdl=use_pdl))

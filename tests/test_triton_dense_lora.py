@@ -127,6 +127,27 @@ def test_slots_marked_not_live_are_skipped(m):
 
 
 @needs_triton
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_groups_of_several_blocks_and_empty_groups(with_mask):
+    """The compact row numbering: a group spanning several blocks (the last partial), a slot
+    with no tokens, tokens without adapter between, a masked slot that gets no blocks."""
+    m, k, ns, slots, rank = 75, 40, (24, 8), 4, 8
+    y, x, a, b, _ = problem(m, k, ns, slots, rank, torch.float32, seed=12)
+    lora = torch.tensor([0] * 37 + [-1] * 5 + [2] * 30 + [3] * 3, dtype=torch.int32)
+    lora = lora[torch.randperm(m, generator=torch.Generator().manual_seed(3))].to(DEV)
+    groups = group_tokens(lora, slots + 1)
+    cfg = DenseLoRAConfig(block_m=16, block_k=16, split_k=2, block_n=16)
+    live = torch.tensor([1, 1, 0, 1], dtype=torch.int32, device=DEV) if with_mask else None
+    effective = lora.cpu().clone()
+    if with_mask:
+        effective[effective == 2] = -1
+    ref = dense_reference(y, x, a, b, effective, 1.0)
+    part = dense_lora_shrink(x, a, groups, cfg, slot_live=live)
+    dense_lora_expand(y, part, b, groups, cfg, slot_live=live)
+    assert rel_err(y, ref) < (5e-3 if HAS_CUDA else 2e-4)
+
+
+@needs_triton
 def test_no_adapter_tokens_leave_output_untouched():
     y, x, a, b, lora = problem(9, 40, (24,), 2, 8, torch.float32, seed=5)
     lora[:] = -1
