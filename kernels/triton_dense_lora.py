@@ -30,9 +30,10 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.dense_lora_groups import TokenGroups
 from kernels.triton_launch import (CachedLauncher, LaunchPlans, aligned16, cdiv, next_pow2,
                                     raw_stream)
-from kernels.triton_moe_lora import _shrink_tile, rank_pad, split_k_plan
+from kernels.triton_lora_common import rank_pad, shrink_tile, split_k_plan
 
 MAX_SLICES = 3
 
@@ -127,9 +128,9 @@ def _dense_lora_shrink_kernel(
             a_base = a2_ptr
     a_base += slot.to(tl.int64) * stride_al
     offs_r = tl.arange(0, RP)
-    acc = _shrink_tile(x_ptr, a_base, rows.to(tl.int64), row_ok, pid_s * k_per_split,
-                       k_per_split, in_features, rank, stride_xm, stride_ar, BM, RP, BLOCK_K,
-                       EVEN_K, EVEN_R)
+    acc = shrink_tile(x_ptr, a_base, rows.to(tl.int64), row_ok, pid_s * k_per_split,
+                      k_per_split, in_features, rank, stride_xm, stride_ar, BM, RP, BLOCK_K,
+                      EVEN_K, EVEN_R)
     if HAS_SCALE:
         acc *= scale
     p_ptrs = (part_ptr + pid_s * stride_ps + pos.to(tl.int64)[:, None] * stride_pm
@@ -202,41 +203,6 @@ def _dense_lora_expand_kernel(
 
 _SHRINK_PLANS = LaunchPlans(CachedLauncher(_dense_lora_shrink_kernel))
 _EXPAND_PLANS = LaunchPlans(CachedLauncher(_dense_lora_expand_kernel))
-
-
-@dataclass
-class TokenGroups:
-    """Tokens grouped by adapter slot (vLLM's ``LoRAKernelMeta`` buffers, or ``group_tokens``).
-
-    ``sorted_idx [>=M]`` int32 token ids grouped by slot; ``slot``, ``ntok``, ``start``
-    ``[G]`` int32 per group (slot -1: no adapter; unused groups have ntok 0).
-    """
-
-    sorted_idx: torch.Tensor
-    slot: torch.Tensor
-    ntok: torch.Tensor
-    start: torch.Tensor
-    num_tokens: int
-
-    @property
-    def num_groups(self) -> int:
-        return self.slot.shape[0]
-
-
-def group_tokens(token_lora: torch.Tensor, num_groups: int) -> TokenGroups:
-    """``TokenGroups`` of ``token_lora [M]`` (slot or -1) with ``num_groups`` (>= distinct
-    values) entries, as vLLM prepares them (tests and benchmarks; syncs the device)."""
-    m = token_lora.shape[0]
-    dev = token_lora.device
-    order = torch.sort(token_lora, stable=True).indices.to(torch.int32)
-    ids, counts = torch.unique(token_lora, sorted=True, return_counts=True)
-    slot = torch.full((num_groups,), -1, dtype=torch.int32, device=dev)
-    ntok = torch.zeros(num_groups, dtype=torch.int32, device=dev)
-    start = torch.zeros(num_groups + 1, dtype=torch.int32, device=dev)
-    slot[: ids.numel()] = ids.to(torch.int32)
-    ntok[: ids.numel()] = counts.to(torch.int32)
-    start[1: ids.numel() + 1] = torch.cumsum(counts, 0).to(torch.int32)
-    return TokenGroups(order, slot, ntok, start, m)
 
 
 def row_blocks(m: int, block_m: int, num_groups: int) -> int:

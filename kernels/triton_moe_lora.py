@@ -23,7 +23,6 @@ dependent launch (PDL) so its B tiles load while the shrink finishes.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 
 import torch
@@ -33,6 +32,7 @@ import triton.language as tl
 from kernels.moe_lora_align import MoELoRABlocks
 from kernels.triton_launch import (CachedLauncher, LaunchPlans, aligned16, cdiv, next_pow2,
                                     raw_stream)
+from kernels.triton_lora_common import as_slices, rank_pad, shrink_tile, split_k_plan
 from kernels.triton_moe_lora_configs import OpConfig
 
 
@@ -68,35 +68,6 @@ def _program_block(
     return live, slot, expert, rows, row_ok
 
 
-@triton.jit
-def _shrink_tile(x_ptr, a_base, x_rows, row_ok, k_start, k_len, in_features, rank,
-                 stride_xm, stride_ar, BM: tl.constexpr, RP: tl.constexpr,
-                 BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, EVEN_R: tl.constexpr):
-    """fp32 ``[BM, RP]`` = ``x[x_rows, k_start:k_start+k_len] @ A[:, k_start:...]^T`` for one
-    block of rows (``x_rows`` int64 row indices, ``row_ok`` mask) and one adapter's ``A``
-    (``a_base``: its ``[r, in]`` matrix); masks only where EVEN_K / EVEN_R say so."""
-    offs_r = tl.arange(0, RP)
-    offs_k = k_start + tl.arange(0, BLOCK_K)
-    x_ptrs = x_ptr + x_rows[:, None] * stride_xm + offs_k[None, :]
-    a_ptrs = a_base + offs_r[:, None] * stride_ar + offs_k[None, :]
-    acc = tl.zeros([BM, RP], dtype=tl.float32)
-    for k in range(k_start, k_start + k_len, BLOCK_K):
-        if EVEN_K:
-            xt = tl.load(x_ptrs, mask=row_ok[:, None], other=0.0)
-            if EVEN_R:
-                at = tl.load(a_ptrs)
-            else:
-                at = tl.load(a_ptrs, mask=offs_r[:, None] < rank, other=0.0)
-        else:
-            k_ok = (k + tl.arange(0, BLOCK_K)) < in_features
-            xt = tl.load(x_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            at = tl.load(a_ptrs, mask=(offs_r[:, None] < rank) & k_ok[None, :], other=0.0)
-        acc += tl.dot(xt, tl.trans(at))
-        x_ptrs += BLOCK_K
-        a_ptrs += BLOCK_K
-    return acc
-
-
 @triton.jit(do_not_specialize=["k_per_split"])
 def _moe_lora_shrink_kernel(
     x_ptr, a0_ptr, a1_ptr, part_ptr,
@@ -127,8 +98,8 @@ def _moe_lora_shrink_kernel(
         if pid_slice == 1:
             a_base = a1_ptr
     a_base += slot.to(tl.int64) * stride_al + expert.to(tl.int64) * stride_ae
-    acc = _shrink_tile(x_ptr, a_base, x_rows, row_ok, pid_s * k_per_split, k_per_split,
-                       in_features, rank, stride_xm, stride_ar, BM, RP, BLOCK_K, EVEN_K, EVEN_R)
+    acc = shrink_tile(x_ptr, a_base, x_rows, row_ok, pid_s * k_per_split, k_per_split,
+                      in_features, rank, stride_xm, stride_ar, BM, RP, BLOCK_K, EVEN_K, EVEN_R)
     p_ptrs = (part_ptr + pid_s * stride_ps + (pid_b * BM + offs_m)[:, None] * stride_pm
               + pid_slice * RP + offs_r[None, :])
     tl.store(p_ptrs, acc, mask=row_ok[:, None])
@@ -200,39 +171,6 @@ def _moe_lora_expand_kernel(
 
 _SHRINK_PLANS = LaunchPlans(CachedLauncher(_moe_lora_shrink_kernel))
 _EXPAND_PLANS = LaunchPlans(CachedLauncher(_moe_lora_expand_kernel))
-
-
-def as_slices(w: torch.Tensor | Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-    return (w,) if isinstance(w, torch.Tensor) else tuple(w)
-
-
-def rank_pad(rank: int) -> int:
-    """The rank as the kernels tile it: a power of two, at least 16 (``tl.dot``'s minimum)."""
-    return max(16, next_pow2(rank))
-
-
-@functools.lru_cache(maxsize=None)
-def split_k_plan(in_features: int, block_k: int, split_k: int) -> tuple[int, int, int, bool]:
-    """``(block_k, split_k, k_per_split, even_k)`` of a shrink over ``in_features`` for the
-    configured tile and split count: whole K tiles per split, no empty split, EVEN_K when no
-    mask is needed."""
-    block_k = min(block_k, max(16, next_pow2(in_features)))
-    n_k_blocks = cdiv(in_features, block_k)
-    split_k = max(1, min(split_k, n_k_blocks))
-    k_per_split = cdiv(n_k_blocks, split_k) * block_k
-    split_k = cdiv(in_features, k_per_split)
-    even_k = in_features % block_k == 0 and k_per_split * split_k == in_features
-    return block_k, split_k, k_per_split, even_k
-
-
-def pdl_supported(t: torch.Tensor) -> bool:
-    return t.is_cuda and _sm_major(t.device.index if t.device.index is not None
-                                   else torch.cuda.current_device()) >= 9
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_major(index: int) -> int:
-    return torch.cuda.get_device_capability(index)[0]
 
 
 def moe_lora_shrink(

@@ -20,7 +20,7 @@ import triton.language as tl
 
 from kernels.moe_lora_align import MoELoRABlocks
 from kernels.triton_launch import CachedLauncher, cdiv, next_pow2
-from kernels.triton_moe_lora import as_slices, rank_pad
+from kernels.triton_lora_common import as_slices, rank_pad
 
 
 @triton.jit

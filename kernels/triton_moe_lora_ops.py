@@ -12,7 +12,8 @@ from collections.abc import Sequence
 import torch
 
 from kernels.moe_lora_align import ALIGN_CHUNKS, PARALLEL_CHUNK, align_moe_lora
-from kernels.triton_moe_lora import as_slices, moe_lora_expand, moe_lora_shrink, pdl_supported
+from kernels.triton_lora_common import as_slices, pdl_supported
+from kernels.triton_moe_lora import moe_lora_expand, moe_lora_shrink
 from kernels.triton_moe_lora_configs import get_layer_config
 from kernels.triton_moe_lora_fused import moe_lora_fused
 

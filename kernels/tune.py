@@ -161,7 +161,7 @@ def tune_m(p: Problem, m: int, gen: torch.Generator, spaces: tuple[dict, dict] =
         if total < best_total:
             best_total, best_cfg, best_blocks = total, cfg, blocks
     # PDL on the whole layer (align + 4 ops) with the chosen tiles
-    from kernels.triton_moe_lora import pdl_supported
+    from kernels.triton_lora_common import pdl_supported
 
     if pdl_supported(x):
         def layer(pdl):

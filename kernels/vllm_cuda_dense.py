@@ -72,9 +72,9 @@ def _layer(lora_a: list[torch.Tensor], lora_b: list[torch.Tensor]) -> _Layer:
 def _warm_up(layer: _Layer) -> bool:
     """Compiles the variants of every M bucket for this layer (zero inputs, scratch output);
     never under CUDA-graph capture (returns False then)."""
-    from kernels.triton_dense_lora import (dense_config, dense_lora_expand, dense_lora_shrink,
-                                           group_tokens)
-    from kernels.triton_moe_lora import pdl_supported
+    from kernels.dense_lora_groups import group_tokens
+    from kernels.triton_dense_lora import dense_config, dense_lora_expand, dense_lora_shrink
+    from kernels.triton_lora_common import pdl_supported
 
     dev = layer.a[0].device
     if dev.type == "cuda" and torch.cuda.is_current_stream_capturing():
@@ -109,9 +109,9 @@ def dense_lora_linear(y: torch.Tensor, x: torch.Tensor, lora_a: list[torch.Tenso
     """The op (registered as ``torch.ops.vllm.loraplex_dense_lora_linear``, opaque to
     torch.compile): ``y [M, >=sum(N)] (+)= scale * x [M, in] A_i^T B_i^T`` per slice for the
     tokens grouped by slot in the metadata; nothing when the step has no adapter."""
-    from kernels.triton_dense_lora import (TokenGroups, dense_config, dense_lora_expand,
-                                           dense_lora_shrink)
-    from kernels.triton_moe_lora import pdl_supported
+    from kernels.dense_lora_groups import TokenGroups
+    from kernels.triton_dense_lora import dense_config, dense_lora_expand, dense_lora_shrink
+    from kernels.triton_lora_common import pdl_supported
 
     if bool(no_lora_flag_cpu.item()):  # a CPU tensor: no device sync
         return

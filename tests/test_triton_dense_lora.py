@@ -15,8 +15,9 @@ from tests.triton_interpret import (HAS_CUDA, in_process_ok, interpreter_unless_
 
 IN_PROCESS_OK = in_process_ok()
 with interpreter_unless_cuda():
+    from kernels.dense_lora_groups import group_tokens
     from kernels.triton_dense_lora import (DenseLoRAConfig, dense_config, dense_lora_expand,
-                                           dense_lora_shrink, group_tokens)
+                                           dense_lora_shrink)
 DEV = "cuda" if HAS_CUDA else "cpu"
 needs_triton = pytest.mark.skipif(not IN_PROCESS_OK, reason="Triton cannot run in this process")
 pytestmark = pytest.mark.usefixtures("interpreter_when_no_gpu")
