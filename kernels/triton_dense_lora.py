@@ -203,6 +203,7 @@ def _dense_lora_expand_kernel(
 
 _SHRINK_PLANS = LaunchPlans(CachedLauncher(_dense_lora_shrink_kernel))
 _EXPAND_PLANS = LaunchPlans(CachedLauncher(_dense_lora_expand_kernel))
+_LEAD = 10  # arguments given anew per launch: x or y, 3 weight slices, part, 4 groups, live
 
 
 def row_blocks(m: int, block_m: int, num_groups: int) -> int:
@@ -255,10 +256,9 @@ def dense_lora_shrink(x: torch.Tensor, lora_a: Sequence[torch.Tensor], groups: T
          x.stride(0), a[0].stride(0), a[0].stride(1), part.stride(0), part.stride(1)),
         dict(BM=cfg.block_m, RP=rp, BLOCK_K=block_k, EVEN_K=even_k, EVEN_R=rank == rp,
              NUM_SLICES=num_slices, HAS_SCALE=scale != 1.0, G_P2=next_pow2(g.num_groups),
-             HAS_LIVE=slot_live is not None,
-             USE_PDL=use_pdl,
+             HAS_LIVE=slot_live is not None, USE_PDL=use_pdl,
              num_warps=cfg.num_warps, num_stages=2, launch_pdl=use_pdl),
-        extra=tuple(part.shape))
+        lead=_LEAD, extra=tuple(part.shape))
     return part
 
 
@@ -302,6 +302,6 @@ def dense_lora_expand(y: torch.Tensor, part: torch.Tensor, lora_b: Sequence[torc
         dict(BM=cfg.block_m, RP=rp, BLOCK_N=block_n,
              EVEN_N=all(n % block_n == 0 for n in ns[:num_slices]), EVEN_R=rank == rp,
              NUM_SLICES=num_slices, ADD_INPUTS=add_inputs, G_P2=next_pow2(g.num_groups),
-             HAS_LIVE=slot_live is not None,
-             USE_PDL=use_pdl,
-             num_warps=cfg.num_warps, num_stages=1, launch_pdl=use_pdl))
+             HAS_LIVE=slot_live is not None, USE_PDL=use_pdl,
+             num_warps=cfg.num_warps, num_stages=1, launch_pdl=use_pdl),
+        lead=_LEAD)

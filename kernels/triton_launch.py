@@ -77,13 +77,15 @@ class CachedLauncher:
                  launch_pdl: bool = False, **named) -> None:
         self._launch(grid, leading, num_warps, num_stages, launch_pdl, named)
 
-    def prepare(self, grid: tuple, *leading, num_warps: int, num_stages: int | None = None,
-                launch_pdl: bool = False, **named) -> "PreparedLaunch":
-        """Launches like ``__call__`` and returns that launch, ready to repeat with its leading
-        arguments replaced (``PreparedLaunch``)."""
+    def prepare(self, grid: tuple, *leading, lead: int | None = None, num_warps: int,
+                num_stages: int | None = None, launch_pdl: bool = False,
+                **named) -> "PreparedLaunch":
+        """Launches like ``__call__`` and returns that launch, ready to repeat with its first
+        ``lead`` arguments (default: all positional ones) given anew (``PreparedLaunch``)."""
         args, kernel, options = self._launch(grid, leading, num_warps, num_stages, launch_pdl,
                                              named)
-        return PreparedLaunch(self.fn, grid, args, options, kernel)
+        return PreparedLaunch(self.fn, grid, args, options, kernel,
+                              len(leading) if lead is None else lead)
 
     def _launch(self, grid, leading, num_warps, num_stages, launch_pdl, named):
         args = leading + tuple(named[n] for n in self.names[len(leading):])
@@ -107,20 +109,23 @@ class CachedLauncher:
 
 
 class PreparedLaunch:
-    """One kernel variant at one grid with its argument list, for launching again with the
-    leading arguments replaced: ``launch(stream, *leading)``.
+    """One kernel variant at one grid with the arguments after its first ``lead`` ones, for
+    launching again with those given anew: ``launch(stream, *first_lead_arguments)``.
 
     What the launch costs the CPU is the argument list and the driver call: no specialisation,
-    no key, no option handling. The caller guarantees that replaced arguments stay within the
+    no key, no option handling. The caller guarantees that the new arguments stay within the
     variant's specialisation: tensors of the same dtype and 16-byte alignment, integers that are
-    ``do_not_specialize`` and stay in the same 32/64-bit class (or keep their value).
-    ``stream``: the raw CUDA stream (``raw_stream``; ignored under the interpreter).
+    ``do_not_specialize`` and stay in the same 32/64-bit class (or keep their value). Nothing of
+    a call is kept after it (the tensors, which may be large activations, belong to the caller),
+    so the kept ``tail`` must hold no tensor that could be freed. ``stream``: the raw CUDA
+    stream (``raw_stream``; ignored under the interpreter).
     """
 
-    __slots__ = ("args", "extra", "_grid", "_c_launch", "_head", "_run", "_fn", "_options")
+    __slots__ = ("tail", "extra", "_grid", "_c_launch", "_head", "_run", "_fn", "_options")
 
-    def __init__(self, fn, grid: tuple, args: tuple, options: dict | None, kernel) -> None:
-        self.args = list(args)
+    def __init__(self, fn, grid: tuple, args: tuple, options: dict | None, kernel,
+                 lead: int) -> None:
+        self.tail = tuple(args[lead:])
         self.extra = None  # what the call site keeps beside the launch (e.g. a buffer shape)
         self._grid = (grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1)
         self._fn, self._options = fn, options
@@ -137,17 +142,15 @@ class PreparedLaunch:
                               None, kernel.packed_metadata, None, None, None)
 
     def launch(self, stream: int, *leading) -> None:
-        args = self.args
-        args[: len(leading)] = leading
         g = self._grid
         if self._c_launch is not None:
-            self._c_launch(g[0], g[1], g[2], stream, *self._head, *args)
+            self._c_launch(g[0], g[1], g[2], stream, *self._head, *leading, *self.tail)
         elif self._run is not None:
             kernel, run = self._run
             run(g[0], g[1], g[2], stream, kernel.function, kernel.packed_metadata, None, None,
-                None, *args)
+                None, *leading, *self.tail)
         else:  # interpreter (or a variant Triton did not hand back): the normal path
-            self._fn[g](*args, **(self._options or {}))
+            self._fn[g](*leading, *self.tail, **(self._options or {}))
 
 
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # what Triton's driver uses
@@ -197,12 +200,13 @@ class LaunchPlans(PlanTable):
         super().__init__(max_entries)
         self.launcher = launcher
 
-    def launch_new(self, key: tuple, grid: tuple, args: tuple, kwargs: dict,
+    def launch_new(self, key: tuple, grid: tuple, args: tuple, kwargs: dict, lead: int,
                    extra=None) -> None:
         """Launches ``args`` at ``grid`` (leading positional arguments of the kernel, then the
-        launch options and the rest by name in ``kwargs``) and keeps it under ``key``, with
-        ``extra`` in its ``extra`` slot."""
-        plan = self.launcher.prepare(grid, *args, **kwargs)
+        launch options and the rest by name in ``kwargs``) and keeps it under ``key``, to be
+        launched again with its first ``lead`` arguments given anew (every tensor among them),
+        with ``extra`` in its ``extra`` slot."""
+        plan = self.launcher.prepare(grid, *args, lead=lead, **kwargs)
         plan.extra = extra
         self.put(key, plan)
 

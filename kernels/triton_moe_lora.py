@@ -225,7 +225,7 @@ def moe_lora_shrink(
         dict(BM=bl.block_m, RP=rp, BLOCK_K=block_k, EVEN_K=even_k, EVEN_R=rank == rp,
              NUM_SLICES=num_slices, NAIVE=bl.naive, USE_PDL=use_pdl,
              num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=use_pdl),
-        extra=shape)
+        lead=4 + len(blocks_args), extra=shape)
     return part
 
 
@@ -291,4 +291,5 @@ def moe_lora_expand(
              EVEN_N=out_features % block_n == 0, EVEN_R=rank == rp, NUM_SLICES=num_slices,
              HAS_SCALE=scaling is not None, MUL_ROUTED_WEIGHT=topk_weights is not None,
              ADD_INPUTS=add_inputs, NAIVE=bl.naive, USE_PDL=use_pdl,
-             num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=use_pdl))
+             num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=use_pdl),
+        lead=6 + len(blocks_args))

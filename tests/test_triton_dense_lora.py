@@ -104,6 +104,9 @@ def test_repeat_calls_through_prepared_launches_match_reference():
     # shrink: one plan, then one for the misaligned x; expand: add and overwrite
     assert len(tdl._SHRINK_PLANS.plans) - before[0] == 2
     assert len(tdl._EXPAND_PLANS.plans) - before[1] == 2
+    # the plans keep no tensor of a call (activations, buffers): those are the caller's
+    for table in (tdl._SHRINK_PLANS, tdl._EXPAND_PLANS):
+        assert not any(isinstance(v, torch.Tensor) for p in table.plans.values() for v in p.tail)
 
 
 @needs_triton

@@ -73,7 +73,8 @@ def test_prepared_launch_replaces_leading_arguments_and_calls_the_compiled_launc
     x, x2 = torch.zeros(8), torch.ones(8)
     plan = launcher.prepare((3, 2), x, 32, m=5, BM=16, num_warps=4)
     assert calls.pop(0)[0] == "triton"  # prepare launches once, through Triton
-    plan.launch(7, x2)  # Triton's launcher class without its C entry point: ``run``
+    assert plan.tail == (5, 16)  # by default the positional arguments are given anew
+    plan.launch(7, x2, 32)  # Triton's launcher class without its C entry point: ``run``
     kind, args = calls.pop(0)
     assert kind == "fast" and args[:4] == (3, 2, 1, 7) and args[4:9] == ("fn", "meta", None,
                                                                        None, None)
@@ -89,13 +90,13 @@ def test_prepared_launch_replaces_leading_arguments_and_calls_the_compiled_launc
     kernel = SimpleNamespace(run=CRun(), function="fn", packed_metadata="meta")
     from kernels.triton_launch import PreparedLaunch
 
-    plan = PreparedLaunch(None, (5,), (x, 32, 5, 16), None, kernel)
+    plan = PreparedLaunch(None, (5,), (x, 32, 5, 16), None, kernel, lead=2)
+    assert plan.tail == (5, 16)  # nothing of the call (its tensors) is kept
     plan.launch(9, x2, 33)
     kind, args = calls.pop(0)
     assert kind == "c" and args[:4] == (5, 1, 1, 9)
     assert args[4:13] == ("fn", False, True, None, None, "meta", None, None, None)
     assert args[13:] == (x2, 33, 5, 16)
-    assert plan.args == [x2, 33, 5, 16]
 
 
 def test_prepared_launch_under_the_interpreter_takes_the_normal_path():
@@ -104,7 +105,7 @@ def test_prepared_launch_under_the_interpreter_takes_the_normal_path():
     fn.params = None  # what the interpreter's function looks like to the launcher
     launcher = CachedLauncher(fn)
     x, x2 = torch.zeros(8), torch.ones(8)
-    plan = launcher.prepare((3,), x, 32, m=5, BM=16, num_warps=4)
+    plan = launcher.prepare((3,), x, 32, m=5, BM=16, num_warps=4, lead=1)
     plan.launch(0, x2)
     assert [c[0] for c in calls] == ["triton", "triton"]
     assert calls[1][2] == (x2, 32, 5, 16) and calls[1][3] == {"num_warps": 4}

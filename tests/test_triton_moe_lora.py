@@ -123,6 +123,10 @@ def test_repeat_layers_through_prepared_launches_match_reference(case):
         if seed:
             assert counts == first, "a repeat layer built new launches"
         first = counts
+    # the plans keep no tensor of a call (activations, buffers, block tables)
+    launches = [p for tb in tables[:2] for p in tb.plans.values()]
+    launches += [p for plans in tables[2].plans.values() for p in plans]
+    assert launches and not any(isinstance(v, torch.Tensor) for p in launches for v in p.tail)
 
 
 @needs_triton
