@@ -196,7 +196,8 @@ def moe_lora_shrink(
     key = (cfg, bl.max_blocks, bl.block_m, bl.naive, bl.top_k, bl.num_experts, x_row_div,
            x.stride(0), x.dtype,
            a[0].shape, a[0].stride(), num_slices, use_pdl,
-           aligned16(x, a[0], a[-1], bl.topk_ids, bl.token_lora, bl.enabled))
+           aligned16(x, a[0], a[-1], bl.topk_ids, bl.token_lora, bl.enabled),
+           out is None or out.data_ptr() & 15 == 0)
     plan = _SHRINK_PLANS.get(key)
     shape = plan.extra if plan is not None else _part_shape(a, bl, cfg)
     if out is None:
