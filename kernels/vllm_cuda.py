@@ -18,7 +18,9 @@ comes from ``adapter_enabled`` (0 for an adapter without expert LoRA: its rows a
 (``kernels.vllm_cuda_warmup``); for MXFP4 experts it keeps vLLM's Triton MXFP4 GEMMs instead of
 its fallback to Marlin under LoRA (``kernels.vllm_cuda_mxfp4``); it runs the dense (attention,
 router) LoRA through loraplex's ops too (``kernels.vllm_cuda_dense``); and in steps without CUDA
-graphs it skips modules for which no adapter of the step has weights (``kernels.vllm_cuda_live``).
+graphs it skips modules for which no adapter of the step has weights (``kernels.vllm_cuda_live``);
+and it converts each step's per-token adapter ids to slots without vLLM's per-token Python loop
+(``kernels.vllm_cuda_mapping``).
 
 Cases vLLM's own path keeps (the original methods are called): expert parallelism
 (``expert_map`` or a per-rank token map), fully sharded LoRA, tensor parallelism > 1, and
@@ -29,7 +31,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels import vllm_cuda_dense, vllm_cuda_live, vllm_cuda_mxfp4
+from kernels import vllm_cuda_dense, vllm_cuda_live, vllm_cuda_mapping, vllm_cuda_mxfp4
 from kernels.vllm_cuda_warmup import vllm_logger, warm_up_layer, watch_compiles
 SUPPORTED_PREFIX = "0.24."
 _SKIP = object()  # gate_up found no LoRA token: down skips too
@@ -144,6 +146,7 @@ def install() -> None:
     vllm_cuda_mxfp4.install()
     vllm_cuda_dense.install()
     vllm_cuda_live.install()
+    vllm_cuda_mapping.install()
     watch_compiles()
     vllm_logger().info("MoE-LoRA Triton ops (loraplex) installed for vLLM %s", vllm.__version__)
 
@@ -161,3 +164,4 @@ def uninstall() -> None:
     vllm_cuda_mxfp4.uninstall()
     vllm_cuda_dense.uninstall()
     vllm_cuda_live.uninstall()
+    vllm_cuda_mapping.uninstall()
