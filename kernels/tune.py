@@ -10,6 +10,7 @@ projection (``kernels.triton_moe_lora_fused``) against the op pairs. Times are C
 
 Run on the GPU machine: ``python -m kernels.tune [--model gpt-oss-20b|qwen3-30b-a3b]
 [--ms 1,2,4,...] [--layers 16] [--out kernels/configs]``; it merges into the device's file.
+``--fused-only`` keeps the tuned buckets and decides the fused launch again (naive ones).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from kernels.triton_moe_lora_configs import (
     OpConfig,
     device_slug,
     dump_layer_config,
+    parse_layer_config,
     shape_key,
 )
 
@@ -95,19 +97,79 @@ class Problem:
         self.b2 = [rnd((L, E, H, r), r**-0.5) for _ in range(n)]
 
 
+class Batch:
+    """One batch of M tokens for the n layers of ``p``: routing (uniformly random experts), slot
+    t % L per token, routing weights, inputs and outputs."""
+
+    def __init__(self, p: Problem, m: int, gen: torch.Generator) -> None:
+        dev = torch.device("cuda")
+        K = p.k
+        self.slot = (torch.arange(m, device=dev) % p.slots).to(torch.int32)
+        self.enabled = torch.ones(p.slots, dtype=torch.int32, device=dev)
+        self.ids = [torch.rand(m, p.e, device=dev, generator=gen).argsort(dim=1)[:, :K]
+                    .to(torch.int32).contiguous() for _ in range(p.n)]
+        self.tw = [torch.softmax(torch.randn(m, K, device=dev, generator=gen), -1)
+                   for _ in range(p.n)]
+        self.x = torch.randn(m, p.h, device=dev, generator=gen).to(torch.bfloat16)
+        self.hh = torch.randn(m * K, p.i, device=dev, generator=gen).to(torch.bfloat16)
+        self.y13 = torch.zeros(m * K, 2 * p.i, device=dev, dtype=torch.bfloat16)
+        self.y2 = torch.zeros(m * K, p.h, device=dev, dtype=torch.bfloat16)
+
+
+def layer_us(p: Problem, bt: Batch, cfg: dict, pdl: bool) -> float:
+    """µs per layer of align + the four ops with the layer config ``cfg``."""
+    K = p.k
+
+    def layer():
+        out = []
+        for l in range(p.n):
+            blk = align_moe_lora(bt.ids[l], bt.slot, bt.enabled, p.e, cfg["block_m"],
+                                 cfg["naive"], cfg["align_parallel"])
+            pt = moe_lora_shrink(bt.x, p.a13[l], blk, K, cfg["shrink13"], use_pdl=pdl)
+            moe_lora_expand(bt.y13, pt, p.b13[l], blk, cfg["expand13"], use_pdl=pdl)
+            pt = moe_lora_shrink(bt.hh, p.a2[l], blk, 1, cfg["shrink2"], use_pdl=pdl)
+            moe_lora_expand(bt.y2, pt, p.b2[l], blk, cfg["expand2"], topk_weights=bt.tw[l],
+                            use_pdl=pdl)
+            out.append(pt)
+        return out
+
+    return graph_us(layer, p.n)
+
+
+def fused_us(p: Problem, bt: Batch, cfg: dict) -> float:
+    """µs per layer with one fused launch per projection (naive layout)."""
+    from kernels.triton_moe_lora_fused import moe_lora_fused
+
+    def layer():
+        for l in range(p.n):
+            blk = align_moe_lora(bt.ids[l], bt.slot, bt.enabled, p.e, cfg["block_m"], True)
+            moe_lora_fused(bt.y13, bt.x, p.a13[l], p.b13[l], blk, p.k)
+            moe_lora_fused(bt.y2, bt.hh, p.a2[l], p.b2[l], blk, 1, topk_weights=bt.tw[l])
+        return bt.y2
+
+    return graph_us(layer, p.n)
+
+
+def choose_fused(p: Problem, m: int, bt: Batch, cfg: dict, pair_us: float, report: dict
+                 ) -> None:
+    """Sets ``cfg["fused"]``: one fused launch per projection when it beats the op pairs
+    (``pair_us`` per layer) by 3%; naive layouts only."""
+    if not cfg["naive"]:
+        return
+    try:
+        report["layer_fused"] = fused = fused_us(p, bt, cfg)
+        cfg["fused"] = fused < 0.97 * pair_us
+        log(f"M={m}: layer {pair_us:.1f} us as op pairs, {fused:.1f} fused")
+    except Exception as exc:
+        log(f"M={m}: fused failed: {exc!r}"[:300])
+
+
 def tune_m(p: Problem, m: int, gen: torch.Generator, spaces: tuple[dict, dict] = SPACES["full"]
            ) -> tuple[dict, dict]:
-    dev = torch.device("cuda")
     n, K = p.n, p.k
-    slot = (torch.arange(m, device=dev) % p.slots).to(torch.int32)
-    enabled = torch.ones(p.slots, dtype=torch.int32, device=dev)
-    ids = [torch.rand(m, p.e, device=dev, generator=gen).argsort(dim=1)[:, :K]
-           .to(torch.int32).contiguous() for _ in range(n)]
-    tw = [torch.softmax(torch.randn(m, K, device=dev, generator=gen), -1) for _ in range(n)]
-    x = torch.randn(m, p.h, device=dev, generator=gen).to(torch.bfloat16)
-    hh = torch.randn(m * K, p.i, device=dev, generator=gen).to(torch.bfloat16)
-    y13 = torch.zeros(m * K, 2 * p.i, device=dev, dtype=torch.bfloat16)
-    y2 = torch.zeros(m * K, p.h, device=dev, dtype=torch.bfloat16)
+    bt = Batch(p, m, gen)
+    slot, enabled, ids, tw = bt.slot, bt.enabled, bt.ids, bt.tw
+    x, hh, y13, y2 = bt.x, bt.hh, bt.y13, bt.y2
     best_total, best_cfg, report = float("inf"), None, {}
     for bm, naive in layout_choices(m * K):
         blocks = [align_moe_lora(ids[l], slot, enabled, p.e, bm, naive) for l in range(n)]
@@ -164,45 +226,27 @@ def tune_m(p: Problem, m: int, gen: torch.Generator, spaces: tuple[dict, dict] =
     from kernels.triton_lora_common import pdl_supported
 
     if pdl_supported(x):
-        def layer(pdl):
-            out = []
-            for l in range(n):
-                blk = align_moe_lora(ids[l], slot, enabled, p.e, best_cfg["block_m"],
-                                     best_cfg["naive"], best_cfg["align_parallel"])
-                pt = moe_lora_shrink(x, p.a13[l], blk, K, best_cfg["shrink13"], use_pdl=pdl)
-                moe_lora_expand(y13, pt, p.b13[l], blk, best_cfg["expand13"], use_pdl=pdl)
-                pt = moe_lora_shrink(hh, p.a2[l], blk, 1, best_cfg["shrink2"], use_pdl=pdl)
-                moe_lora_expand(y2, pt, p.b2[l], blk, best_cfg["expand2"], topk_weights=tw[l],
-                                use_pdl=pdl)
-                out.append(pt)
-            return out
-
         try:
-            off, on = graph_us(lambda: layer(False), n), graph_us(lambda: layer(True), n)
+            off, on = layer_us(p, bt, best_cfg, False), layer_us(p, bt, best_cfg, True)
             report["layer_pdl_off"], report["layer_pdl_on"] = off, on
             best_cfg["pdl"] = on < 0.97 * off
             log(f"M={m}: layer {off:.1f} us without PDL, {on:.1f} with")
         except Exception as exc:
             log(f"M={m}: PDL failed: {exc!r}"[:300])
-    if best_cfg["naive"]:  # tiny batch: one fused launch per projection instead of a pair
-        from kernels.triton_moe_lora_fused import moe_lora_fused
-
-        def fused_layer():
-            for l in range(n):
-                blk = align_moe_lora(ids[l], slot, enabled, p.e, best_cfg["block_m"], True)
-                moe_lora_fused(y13, x, p.a13[l], p.b13[l], blk, K)
-                moe_lora_fused(y2, hh, p.a2[l], p.b2[l], blk, 1, topk_weights=tw[l])
-            return y2
-
-        pair = min(report.get("layer_pdl_off", best_total), report.get("layer_pdl_on", best_total))
-        try:
-            report["layer_fused"] = fused = graph_us(fused_layer, n)
-            best_cfg["fused"] = fused < 0.97 * pair
-            log(f"M={m}: layer {pair:.1f} us as op pairs, {fused:.1f} fused")
-        except Exception as exc:
-            log(f"M={m}: fused failed: {exc!r}"[:300])
+    pair = min(report.get("layer_pdl_off", best_total), report.get("layer_pdl_on", best_total))
+    choose_fused(p, m, bt, best_cfg, pair, report)
     del best_blocks
     return best_cfg, report
+
+
+def fused_only(p: Problem, m: int, gen: torch.Generator, cfg: dict) -> tuple[dict, dict]:
+    """The tuned config ``cfg`` of bucket M with only ``fused`` decided again."""
+    report: dict = {}
+    if cfg["naive"]:
+        bt = Batch(p, m, gen)
+        report["layer_pairs"] = pair = layer_us(p, bt, cfg, bool(cfg["pdl"]))
+        choose_fused(p, m, bt, cfg, pair, report)
+    return cfg, report
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -216,6 +260,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--report", default=None, help="JSON file for all timings")
     ap.add_argument("--space", default="full", choices=sorted(SPACES),
                     help="tile configs to time per op (small: a third fewer)")
+    ap.add_argument("--fused-only", action="store_true",
+                    help="keep each bucket's tuned config and only decide, for naive layouts, "
+                         "one fused launch per projection vs the op pairs (minutes less)")
     args = ap.parse_args(argv)
     gen = torch.Generator(device="cuda").manual_seed(4321)
     p = Problem(args.model, args.layers, args.slots, args.rank, gen)
@@ -225,16 +272,26 @@ def main(argv: list[str] | None = None) -> int:
     data = json.loads(path.read_text()) if path.is_file() else {"device": name, "shapes": {}}
     import triton
 
-    data.setdefault("provenance", {})[key] = {
-        "date": time.strftime("%Y-%m-%d", time.gmtime()), "torch": torch.__version__,
-        "triton": triton.__version__, "layers": args.layers,
-        "command": f"python -m kernels.tune --model {args.model} --ms {args.ms} "
-                   f"--layers {args.layers} --slots {args.slots} --rank {args.rank} "
-                   f"--space {args.space}"}
+    run = {"date": time.strftime("%Y-%m-%d", time.gmtime()), "torch": torch.__version__,
+           "triton": triton.__version__, "layers": args.layers,
+           "command": f"python -m kernels.tune --model {args.model} --ms {args.ms} "
+                      f"--layers {args.layers} --slots {args.slots} --rank {args.rank} "
+                      + ("--fused-only" if args.fused_only else f"--space {args.space}")}
+    provenance = data.setdefault("provenance", {})
+    if args.fused_only:
+        provenance.setdefault(key, {})["fused_decided_by"] = run
+    else:
+        provenance[key] = run
     buckets, reports = data["shapes"].setdefault(key, {}), {}
     t0 = time.time()
     for m in [int(v) for v in args.ms.split(",")]:
-        cfg, rep = tune_m(p, m, gen, SPACES[args.space])
+        if args.fused_only:
+            if str(m) not in buckets:
+                log(f"M={m}: no tuned config in {path}: skipped")
+                continue
+            cfg, rep = fused_only(p, m, gen, parse_layer_config(buckets[str(m)]))
+        else:
+            cfg, rep = tune_m(p, m, gen, SPACES[args.space])
         buckets[str(m)] = dump_layer_config(cfg)
         reports[str(m)] = rep
         path.parent.mkdir(parents=True, exist_ok=True)
