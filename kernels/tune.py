@@ -10,7 +10,7 @@ projection (``kernels.triton_moe_lora_fused``) against the op pairs. Times are C
 
 Run on the GPU machine: ``python -m kernels.tune [--model gpt-oss-20b|qwen3-30b-a3b]
 [--ms 1,2,4,...] [--layers 16] [--out kernels/configs]``; it merges into the device's file.
-``--fused-only`` keeps the tuned buckets and decides the fused launch again (naive ones).
+``--only fused|align`` keeps the tuned buckets and makes that one choice again.
 """
 
 from __future__ import annotations
@@ -164,6 +164,23 @@ def choose_fused(p: Problem, m: int, bt: Batch, cfg: dict, pair_us: float, repor
         log(f"M={m}: fused failed: {exc!r}"[:300])
 
 
+def choose_align(p: Problem, bt: Batch, bm: int, report: dict, tag: str) -> tuple[float, bool]:
+    """``(µs per layer, parallel)`` of the faster sort for block size ``bm``: the single
+    program, or the two-launch parallel one when the rows span several of its chunks."""
+    rows = bt.ids[0].numel()
+
+    def align(parallel: bool):
+        return lambda: [align_moe_lora(bt.ids[l], bt.slot, bt.enabled, p.e, bm,
+                                       parallel=parallel) for l in range(p.n)]
+
+    t_single = graph_us(align(False), p.n)
+    if rows <= PARALLEL_CHUNK:
+        return t_single, False
+    t_par = graph_us(align(True), p.n)
+    report[f"{tag}_align_single"], report[f"{tag}_align_parallel"] = t_single, t_par
+    return (t_par, True) if t_par < t_single else (t_single, False)
+
+
 def tune_m(p: Problem, m: int, gen: torch.Generator, spaces: tuple[dict, dict] = SPACES["full"]
            ) -> tuple[dict, dict]:
     n, K = p.n, p.k
@@ -176,14 +193,7 @@ def tune_m(p: Problem, m: int, gen: torch.Generator, spaces: tuple[dict, dict] =
         tag = f"bm{bm}{'n' if naive else ''}"
         t_align, parallel = 0.0, False
         if not naive:
-            t_align = graph_us(
-                lambda: [align_moe_lora(ids[l], slot, enabled, p.e, bm) for l in range(n)], n)
-            if m * K > PARALLEL_CHUNK:  # several chunks: the two-launch sort may win
-                t_par = graph_us(lambda: [align_moe_lora(ids[l], slot, enabled, p.e, bm,
-                                                         parallel=True) for l in range(n)], n)
-                report[f"{tag}_align_single"], report[f"{tag}_align_parallel"] = t_align, t_par
-                if t_par < t_align:
-                    t_align, parallel = t_par, True
+            t_align, parallel = choose_align(p, bt, bm, report, tag)
         cfg = {"block_m": bm, "pdl": False, "naive": naive, "align_parallel": parallel}
         total = t_align
         for op, xin, a, b, div, yy, w in (("13", x, p.a13, p.b13, K, y13, None),
@@ -239,13 +249,19 @@ def tune_m(p: Problem, m: int, gen: torch.Generator, spaces: tuple[dict, dict] =
     return best_cfg, report
 
 
-def fused_only(p: Problem, m: int, gen: torch.Generator, cfg: dict) -> tuple[dict, dict]:
-    """The tuned config ``cfg`` of bucket M with only ``fused`` decided again."""
+def decide_only(p: Problem, m: int, gen: torch.Generator, cfg: dict, what: str
+                ) -> tuple[dict, dict]:
+    """The tuned config ``cfg`` of bucket M with one choice made again: ``fused`` (naive
+    layouts: one fused launch per projection or the op pairs) or ``align`` (sorted layouts: the
+    single-program or the parallel sort)."""
     report: dict = {}
-    if cfg["naive"]:
-        bt = Batch(p, m, gen)
+    bt = Batch(p, m, gen)
+    if what == "fused" and cfg["naive"]:
         report["layer_pairs"] = pair = layer_us(p, bt, cfg, bool(cfg["pdl"]))
         choose_fused(p, m, bt, cfg, pair, report)
+    elif what == "align" and not cfg["naive"]:
+        _, cfg["align_parallel"] = choose_align(p, bt, cfg["block_m"], report, "align")
+        log(f"M={m}: align {report}")
     return cfg, report
 
 
@@ -260,9 +276,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--report", default=None, help="JSON file for all timings")
     ap.add_argument("--space", default="full", choices=sorted(SPACES),
                     help="tile configs to time per op (small: a third fewer)")
-    ap.add_argument("--fused-only", action="store_true",
-                    help="keep each bucket's tuned config and only decide, for naive layouts, "
-                         "one fused launch per projection vs the op pairs (minutes less)")
+    ap.add_argument("--only", choices=("fused", "align"), default=None,
+                    help="keep each bucket's tuned config and only make one choice again: "
+                         "fused (naive layouts: one fused launch per projection or the op "
+                         "pairs) or align (sorted layouts: single-program or parallel sort)")
     args = ap.parse_args(argv)
     gen = torch.Generator(device="cuda").manual_seed(4321)
     p = Problem(args.model, args.layers, args.slots, args.rank, gen)
@@ -276,20 +293,20 @@ def main(argv: list[str] | None = None) -> int:
            "triton": triton.__version__, "layers": args.layers,
            "command": f"python -m kernels.tune --model {args.model} --ms {args.ms} "
                       f"--layers {args.layers} --slots {args.slots} --rank {args.rank} "
-                      + ("--fused-only" if args.fused_only else f"--space {args.space}")}
+                      + (f"--only {args.only}" if args.only else f"--space {args.space}")}
     provenance = data.setdefault("provenance", {})
-    if args.fused_only:
-        provenance.setdefault(key, {})["fused_decided_by"] = run
+    if args.only:
+        provenance.setdefault(key, {})[f"{args.only}_decided_by"] = run
     else:
         provenance[key] = run
     buckets, reports = data["shapes"].setdefault(key, {}), {}
     t0 = time.time()
     for m in [int(v) for v in args.ms.split(",")]:
-        if args.fused_only:
+        if args.only:
             if str(m) not in buckets:
                 log(f"M={m}: no tuned config in {path}: skipped")
                 continue
-            cfg, rep = fused_only(p, m, gen, parse_layer_config(buckets[str(m)]))
+            cfg, rep = decide_only(p, m, gen, parse_layer_config(buckets[str(m)]), args.only)
         else:
             cfg, rep = tune_m(p, m, gen, SPACES[args.space])
         buckets[str(m)] = dump_layer_config(cfg)
