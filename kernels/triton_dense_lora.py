@@ -31,8 +31,8 @@ import triton
 import triton.language as tl
 
 from kernels.dense_lora_groups import TokenGroups
-from kernels.triton_launch import (CachedLauncher, LaunchPlans, aligned16, cdiv, next_pow2,
-                                    raw_stream)
+from kernels.triton_launch import (CachedLauncher, LaunchPlans, PreparedLaunch, aligned16, cdiv,
+                                    next_pow2, raw_stream)
 from kernels.triton_lora_common import rank_pad, shrink_tile, split_k_plan
 
 MAX_SLICES = 3
@@ -225,6 +225,12 @@ def dense_lora_shrink(x: torch.Tensor, lora_a: Sequence[torch.Tensor], groups: T
     padded to 2^n >= 16). ``slot_live [L]`` int32 (optional): slots whose entry is 0 are skipped
     (their partials are not written; pass the same tensor to the expand). Repeat calls of a
     known shape and M launch a prepared launch."""
+    return shrink_with_plan(x, lora_a, groups, cfg, scale, use_pdl, slot_live)[0]
+
+
+def shrink_with_plan(x, lora_a, groups, cfg, scale, use_pdl, slot_live
+            ) -> tuple[torch.Tensor, PreparedLaunch | None]:
+    """``dense_lora_shrink`` and the prepared launch it used (None: nothing launched)."""
     num_slices = len(lora_a)
     assert 1 <= num_slices <= MAX_SLICES
     a = as_3d(lora_a)
@@ -239,13 +245,13 @@ def dense_lora_shrink(x: torch.Tensor, lora_a: Sequence[torch.Tensor], groups: T
         part = torch.empty(plan.extra, dtype=torch.float32, device=x.device)
         plan.launch(raw_stream(x.device), x, a[0], a1, a[-1], part, g.sorted_idx, g.slot, g.ntok,
                     g.start, live)
-        return part
+        return part, plan
     rank, in_features = a[0].shape[-2], a[0].shape[-1]
     rp = rank_pad(rank)
     block_k, split_k, k_per_split, even_k = split_k_plan(in_features, cfg.block_k, cfg.split_k)
     part = torch.empty((split_k, m, num_slices * rp), dtype=torch.float32, device=x.device)
     if m == 0:
-        return part
+        return part, None
     assert x.stride(-1) == 1 and all(t.stride(-1) == 1 for t in a)
     assert all(t.shape == a[0].shape and t.stride() == a[0].stride() for t in a), \
         "slices must share shape and strides"
@@ -259,7 +265,7 @@ def dense_lora_shrink(x: torch.Tensor, lora_a: Sequence[torch.Tensor], groups: T
              HAS_LIVE=slot_live is not None, USE_PDL=use_pdl,
              num_warps=cfg.num_warps, num_stages=2, launch_pdl=use_pdl),
         lead=_LEAD, extra=tuple(part.shape))
-    return part
+    return part, _SHRINK_PLANS.get(key)
 
 
 def dense_lora_expand(y: torch.Tensor, part: torch.Tensor, lora_b: Sequence[torch.Tensor],
@@ -270,13 +276,19 @@ def dense_lora_expand(y: torch.Tensor, part: torch.Tensor, lora_b: Sequence[torc
     slots whose entry is 0, are left untouched (so with ``add_inputs=False`` only pass
     ``slot_live`` when those rows may keep their contents). Repeat calls of a known shape and
     M launch a prepared launch."""
+    expand_with_plan(y, part, lora_b, groups, cfg, add_inputs, use_pdl, slot_live)
+
+
+def expand_with_plan(y, part, lora_b, groups, cfg, add_inputs, use_pdl, slot_live
+            ) -> PreparedLaunch | None:
+    """``dense_lora_expand`` returning the prepared launch it used (None: nothing launched)."""
     num_slices = len(lora_b)
     assert 1 <= num_slices <= MAX_SLICES
     b = as_3d(lora_b)
     b1 = b[min(1, num_slices - 1)]
     g, m = groups, groups.num_tokens
     if m == 0:
-        return
+        return None
     live = g.slot if slot_live is None else slot_live
     key = (cfg, m, y.stride(0), y.dtype, tuple(t.shape for t in b), tuple(t.stride() for t in b),
            add_inputs, use_pdl, part.shape[0], g.slot.shape[0], slot_live is not None,
@@ -285,7 +297,7 @@ def dense_lora_expand(y: torch.Tensor, part: torch.Tensor, lora_b: Sequence[torc
     if plan is not None:
         plan.launch(raw_stream(y.device), y, b[0], b1, b[-1], part, g.sorted_idx, g.slot, g.ntok,
                     g.start, live)
-        return
+        return plan
     ns = [t.shape[-2] for t in b] + [0] * (MAX_SLICES - num_slices)
     rank = b[0].shape[-1]
     rp = rank_pad(rank)
@@ -305,3 +317,4 @@ def dense_lora_expand(y: torch.Tensor, part: torch.Tensor, lora_b: Sequence[torc
              HAS_LIVE=slot_live is not None, USE_PDL=use_pdl,
              num_warps=cfg.num_warps, num_stages=1, launch_pdl=use_pdl),
         lead=_LEAD)
+    return _EXPAND_PLANS.get(key)

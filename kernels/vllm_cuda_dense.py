@@ -29,18 +29,10 @@ from kernels.vllm_cuda_warmup import compiling_on_purpose, vllm_logger
 # one representative M per config bucket of ``triton_dense_lora.dense_config``
 WARM_UP_MS = (1, 65, 513, 4097)
 _originals: dict[str, object] = {}
-_layers: dict[tuple, "_Layer"] = {}  # (A data_ptr, B data_ptr, slices) -> warmed-up layer
+# (A data_ptr, B data_ptr, slices) -> warmed-up layer (``DenseLoRALayer``: 3-D views of the
+# stacks, nothing copied, its launch pairs kept per token count)
+_layers: dict[tuple, object] = {}
 _warmed_shapes: set[tuple] = set()  # (A shapes, B shapes, dtype, device) compiled for
-
-
-class _Layer:
-    """A LoRA linear layer's stacks as our ops take them (3-D views; nothing copied)."""
-
-    def __init__(self, lora_a: list[torch.Tensor], lora_b: list[torch.Tensor]) -> None:
-        from kernels.triton_dense_lora import as_3d
-
-        self.a, self.b = as_3d(lora_a), as_3d(lora_b)
-        self.in_features = self.a[0].shape[-1]
 
 
 def supported(lora_a_stacked, lora_b_stacked, x: torch.Tensor) -> bool:
@@ -56,11 +48,13 @@ def supported(lora_a_stacked, lora_b_stacked, x: torch.Tensor) -> bool:
             and all(t.shape == a0.shape for t in lora_a_stacked))
 
 
-def _layer(lora_a: list[torch.Tensor], lora_b: list[torch.Tensor]) -> _Layer:
+def _layer(lora_a: list[torch.Tensor], lora_b: list[torch.Tensor]):
+    from kernels.dense_lora_layer import DenseLoRALayer
+
     key = (lora_a[0].data_ptr(), lora_b[0].data_ptr(), len(lora_a))
     layer = _layers.get(key)
     if layer is None:
-        layer = _Layer(lora_a, lora_b)
+        layer = DenseLoRALayer(lora_a, lora_b)
         shape = (tuple(t.shape for t in layer.a), tuple(t.shape for t in layer.b),
                  layer.a[0].dtype, layer.a[0].device)
         if shape in _warmed_shapes or _warm_up(layer):  # variants compile once per shape
@@ -69,7 +63,7 @@ def _layer(lora_a: list[torch.Tensor], lora_b: list[torch.Tensor]) -> _Layer:
     return layer
 
 
-def _warm_up(layer: _Layer) -> bool:
+def _warm_up(layer) -> bool:
     """Compiles the variants of every M bucket for this layer (zero inputs, scratch output);
     never under CUDA-graph capture (returns False then)."""
     from kernels.dense_lora_groups import group_tokens
@@ -110,7 +104,7 @@ def dense_lora_linear(y: torch.Tensor, x: torch.Tensor, lora_a: list[torch.Tenso
     torch.compile): ``y [M, >=sum(N)] (+)= scale * x [M, in] A_i^T B_i^T`` per slice for the
     tokens grouped by slot in the metadata; nothing when the step has no adapter."""
     from kernels.dense_lora_groups import TokenGroups
-    from kernels.triton_dense_lora import dense_config, dense_lora_expand, dense_lora_shrink
+    from kernels.triton_dense_lora import dense_config
     from kernels.triton_lora_common import pdl_supported
 
     if bool(no_lora_flag_cpu.item()):  # a CPU tensor: no device sync
@@ -124,10 +118,7 @@ def dense_lora_linear(y: torch.Tensor, x: torch.Tensor, lora_a: list[torch.Tenso
     m = x.shape[0]
     groups = TokenGroups(sorted_idx, group_slot, group_ntok, group_start, m)
     cfg = dense_config(m, layer.in_features, len(layer.a))
-    pdl = pdl_supported(x)
-    part = dense_lora_shrink(x, layer.a, groups, cfg, scale=scale, use_pdl=pdl, slot_live=live)
-    dense_lora_expand(y, part, layer.b, groups, cfg, add_inputs=add_inputs, use_pdl=pdl,
-                      slot_live=live)
+    layer(y, x, groups, cfg, scale, add_inputs, pdl_supported(x), live)
 
 
 def _dense_lora_linear_fake(y, x, lora_a, lora_b, scale, add_inputs, sorted_idx, group_slot,

@@ -242,3 +242,23 @@ def test_vllm_op_inside_graphs_masks_slots_without_weights(monkeypatch):
         assert rel_err(y0, ref) < tol, add_inputs
         if add_inputs:
             assert torch.equal(y0.cpu()[dead], y.cpu()[dead])
+
+
+@needs_triton
+def test_dense_layer_keeps_one_launch_pair_per_token_count():
+    """``DenseLoRALayer``: a second step of the same size (new activations and token groups)
+    launches the pair the layer kept; a misaligned input goes the long way and is not kept."""
+    from kernels.dense_lora_layer import DenseLoRALayer
+
+    m, k, ns, slots, rank = 19, 40, (24, 8, 8), 3, 8
+    _, _, a, b, _ = problem(m, k, ns, slots, rank, torch.float32, seed=21)
+    layer = DenseLoRALayer(a, b)
+    cfg = dense_config(m, k, len(ns))
+    for seed in (1, 2, 3):
+        y, x, _, _, lora = problem(m, k, ns, slots, rank, torch.float32, seed=seed)
+        if seed == 3:
+            x = torch.cat([x.new_zeros(m, 1), x], dim=1)[:, 1:]
+        ref = dense_reference(y, x, a, b, lora.cpu(), 0.5)
+        layer(y, x, group_tokens(lora, slots + 1), cfg, scale=0.5)
+        assert rel_err(y, ref) < (5e-3 if HAS_CUDA else 2e-4), seed
+        assert len(layer._calls) == 1
