@@ -60,6 +60,7 @@ class MoELoRABlocks:
     topk_ids: torch.Tensor  # [M, K] int32, read by the kernels in naive mode
     token_lora: torch.Tensor  # [>=M] int32
     enabled: torch.Tensor  # [L] int32
+    align_plans: list | None = None  # the prepared align launch(es) used (sorted, M > 0)
 
 
 def max_num_blocks(num_rows: int, num_pairs: int, block_m: int) -> int:
@@ -205,7 +206,7 @@ _ALIGN_PLANS = PlanTable()  # key -> [PreparedLaunch] (one, or count + place)
 
 
 @functools.lru_cache(maxsize=4096)
-def _layout(num_rows: int, num_pairs: int, block_m: int, parallel: bool
+def block_layout(num_rows: int, num_pairs: int, block_m: int, parallel: bool
             ) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
     """``(max_blocks, starts, sizes)`` of the int32 buffer that holds the layout: cursor,
     num_blocks, block_pair, block_nrows, sorted_rows, histograms (parallel only), each part
@@ -223,7 +224,7 @@ def _layout(num_rows: int, num_pairs: int, block_m: int, parallel: bool
 
 
 def _prepare_align(inputs: tuple, parallel: bool, pairs_p2: int, block_m: int, cursor,
-                   sorted_rows, block_pair, block_nrows, num_blocks, hist) -> list:
+                   num_blocks, block_pair, block_nrows, sorted_rows, hist) -> list:
     """Launches the align program(s) for ``inputs`` (ids, token_lora, enabled, num_rows, top_k,
     num_experts) and returns the prepared launches (``PreparedLaunch``)."""
     num_rows = inputs[3]
@@ -280,29 +281,41 @@ def align_moe_lora(
         dummy = torch.zeros(1, dtype=torch.int32, device=dev)
         return MoELoRABlocks(dummy, dummy, dummy, dummy, num_rows, block_m, num_rows, top_k,
                              num_experts, True, ids, token_lora, enabled)
-    max_blocks, starts, sizes = _layout(num_rows, num_pairs, block_m, parallel)
-    ints = torch.empty(starts[-1], dtype=torch.int32, device=dev)
-    cursor, num_blocks, block_pair, block_nrows, sorted_rows, hist = (
-        ints[a : a + n] for a, n in zip(starts, sizes))
+    max_blocks, starts, sizes = block_layout(num_rows, num_pairs, block_m, parallel)
+    tables = layout_tables(torch.empty(starts[-1], dtype=torch.int32, device=dev), starts, sizes)
+    plans = None
     if num_rows == 0:
-        num_blocks.zero_()
+        tables[1].zero_()
     else:
         key = (num_rows, top_k, num_experts, num_pairs, block_m, parallel,
                aligned16(ids, token_lora, enabled))
         plans = _ALIGN_PLANS.get(key)
         inputs = (ids, token_lora, enabled, num_rows, top_k, num_experts)
         if plans is not None:
-            stream = raw_stream(dev)
-            if parallel:
-                plans[0].launch(stream, *inputs, hist)
-                plans[1].launch(stream, *inputs, hist, plans[1].extra, cursor, sorted_rows,
-                                block_pair, block_nrows, num_blocks)
-            else:
-                plans[0].launch(stream, *inputs, cursor, sorted_rows, block_pair, block_nrows,
-                                num_blocks)
+            launch_align(plans, raw_stream(dev), inputs, tables)
         else:
-            _ALIGN_PLANS.put(key, _prepare_align(inputs, parallel, pairs_p2, block_m, cursor,
-                                               sorted_rows, block_pair, block_nrows, num_blocks,
-                                               hist))
+            plans = _prepare_align(inputs, parallel, pairs_p2, block_m, *tables)
+            _ALIGN_PLANS.put(key, plans)
+    cursor, num_blocks, block_pair, block_nrows, sorted_rows, hist = tables
     return MoELoRABlocks(sorted_rows, block_pair, block_nrows, num_blocks, max_blocks, block_m,
-                         num_rows, top_k, num_experts, False, ids, token_lora, enabled)
+                         num_rows, top_k, num_experts, False, ids, token_lora, enabled, plans)
+
+
+def layout_tables(ints: torch.Tensor, starts: tuple[int, ...], sizes: tuple[int, ...]
+                  ) -> tuple[torch.Tensor, ...]:
+    """``(cursor, num_blocks, block_pair, block_nrows, sorted_rows, hist)``: the parts of the
+    layout's int32 buffer (``block_layout``)."""
+    return tuple(ints[a : a + n] for a, n in zip(starts, sizes))
+
+
+def launch_align(plans: list, stream: int, inputs: tuple, tables: tuple) -> None:
+    """Launches the prepared align launch(es) ``plans`` for ``inputs`` (ids, token_lora,
+    enabled, num_rows, top_k, num_experts) into ``tables`` (``layout_tables``)."""
+    cursor, num_blocks, block_pair, block_nrows, sorted_rows, hist = tables
+    if len(plans) == 2:  # parallel: count, then place
+        plans[0].launch(stream, *inputs, hist)
+        plans[1].launch(stream, *inputs, hist, plans[1].extra, cursor, sorted_rows, block_pair,
+                        block_nrows, num_blocks)
+    else:
+        plans[0].launch(stream, *inputs, cursor, sorted_rows, block_pair, block_nrows,
+                        num_blocks)

@@ -30,8 +30,8 @@ import triton
 import triton.language as tl
 
 from kernels.moe_lora_align import MoELoRABlocks
-from kernels.triton_launch import (CachedLauncher, LaunchPlans, aligned16, cdiv, next_pow2,
-                                    raw_stream)
+from kernels.triton_launch import (CachedLauncher, LaunchPlans, PreparedLaunch, aligned16, cdiv,
+                                    next_pow2, raw_stream)
 from kernels.triton_lora_common import as_slices, rank_pad, shrink_tile, split_k_plan
 from kernels.triton_moe_lora_configs import OpConfig
 
@@ -190,6 +190,12 @@ def moe_lora_shrink(
     ``x_row_div``: row ``t*K+k`` reads ``x[(t*K+k) // x_row_div]`` (K for gate_up, 1 for down).
     ``out``: a buffer of at least that size to write the partials into (CUDA-graph reuse).
     """
+    return shrink_with_plan(x, lora_a, blocks, x_row_div, cfg, use_pdl, out)[0]
+
+
+def shrink_with_plan(x, lora_a, blocks, x_row_div, cfg, use_pdl=False, out=None
+                     ) -> tuple[torch.Tensor, PreparedLaunch | None]:
+    """``moe_lora_shrink`` and the prepared launch it used (None: nothing launched)."""
     a = as_slices(lora_a)
     num_slices = len(a)
     bl = blocks  # its block tables start on 16-byte boundaries by construction (align_moe_lora)
@@ -205,12 +211,12 @@ def moe_lora_shrink(
     else:
         part = out.reshape(-1)[: shape[0] * shape[1] * shape[2]].view(shape)
     if bl.max_blocks == 0:
-        return part
+        return part, None
     blocks_args = (bl.sorted_rows, bl.block_pair, bl.block_nrows, bl.num_blocks, bl.topk_ids,
                    bl.token_lora, bl.enabled)
     if plan is not None:
         plan.launch(raw_stream(x.device), x, a[0], a[-1], part, *blocks_args)
-        return part
+        return part, plan
     rank, in_features = a[0].shape[-2], a[0].shape[-1]
     rp = rank_pad(rank)
     block_k, split_k, k_per_split, even_k = split_k_plan(in_features, cfg.block_k, cfg.split_k)
@@ -227,7 +233,7 @@ def moe_lora_shrink(
              NUM_SLICES=num_slices, NAIVE=bl.naive, USE_PDL=use_pdl,
              num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=use_pdl),
         lead=4 + len(blocks_args), extra=shape)
-    return part
+    return part, _SHRINK_PLANS.get(key)
 
 
 def _part_shape(a: tuple[torch.Tensor, ...], blocks: MoELoRABlocks, cfg: OpConfig
@@ -258,11 +264,17 @@ def moe_lora_expand(
     overwritten (other rows untouched). Repeat calls of a known shape and block layout launch a
     prepared launch.
     """
+    expand_with_plan(y, part, lora_b, blocks, cfg, scaling, topk_weights, add_inputs, use_pdl)
+
+
+def expand_with_plan(y, part, lora_b, blocks, cfg, scaling=None, topk_weights=None,
+                     add_inputs=True, use_pdl=False) -> PreparedLaunch | None:
+    """``moe_lora_expand`` returning the prepared launch it used (None: nothing launched)."""
     b = as_slices(lora_b)
     num_slices = len(b)
     bl = blocks
     if bl.max_blocks == 0:
-        return
+        return None
     tw = topk_weights.reshape(-1) if topk_weights is not None else part
     sc = scaling if scaling is not None else part
     key = (cfg, bl.max_blocks, bl.block_m, bl.naive, bl.top_k, bl.num_experts, y.stride(0),
@@ -275,7 +287,7 @@ def moe_lora_expand(
                    bl.token_lora, bl.enabled)
     if plan is not None:
         plan.launch(raw_stream(y.device), y, b[0], b[-1], part, sc, tw, *blocks_args)
-        return
+        return plan
     out_features, rank = b[0].shape[-2], b[0].shape[-1]
     rp = rank_pad(rank)
     assert y.stride(-1) == 1 and all(t.stride(-1) == 1 for t in b)
@@ -294,3 +306,4 @@ def moe_lora_expand(
              ADD_INPUTS=add_inputs, NAIVE=bl.naive, USE_PDL=use_pdl,
              num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=use_pdl),
         lead=6 + len(blocks_args))
+    return _EXPAND_PLANS.get(key)

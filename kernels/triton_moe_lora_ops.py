@@ -13,7 +13,7 @@ import torch
 
 from kernels.moe_lora_align import ALIGN_CHUNKS, PARALLEL_CHUNK, align_moe_lora
 from kernels.triton_lora_common import as_slices, pdl_supported
-from kernels.triton_moe_lora import moe_lora_expand, moe_lora_shrink
+from kernels.triton_moe_lora import expand_with_plan, shrink_with_plan
 from kernels.triton_moe_lora_configs import get_layer_config
 from kernels.triton_moe_lora_fused import moe_lora_fused
 
@@ -49,6 +49,18 @@ class MoELoRAOps:
                                      int(self.cfg["block_m"]), naive=bool(self.cfg.get("naive")),
                                      parallel=bool(self.cfg.get("align_parallel")))
         self.fused = self.blocks.naive and bool(self.cfg.get("fused"))
+        # (shrink, expand, partials shape) of each projection's op pair, once it has run
+        self.launches13: tuple | None = None
+        self.launches2: tuple | None = None
+
+    @classmethod
+    def from_blocks(cls, blocks, cfg: dict, use_pdl: bool) -> "MoELoRAOps":
+        """The ops on a block layout already built (``MoELoRABlocks``) with its config."""
+        ops = cls.__new__(cls)
+        ops.cfg, ops.use_pdl, ops.blocks = cfg, use_pdl, blocks
+        ops.fused = blocks.naive and bool(cfg.get("fused"))
+        ops.launches13 = ops.launches2 = None
+        return ops
 
     def add_w13(self, y13: torch.Tensor, x: torch.Tensor, a13, b13,
                 scaling: torch.Tensor | None = None, add_inputs: bool = True) -> None:
@@ -57,10 +69,11 @@ class MoELoRAOps:
             moe_lora_fused(y13, x, a13, b13, self.blocks, self.blocks.top_k, scaling=scaling,
                            add_inputs=add_inputs)
             return
-        part = moe_lora_shrink(x, a13, self.blocks, self.blocks.top_k, self.cfg["shrink13"],
-                               use_pdl=self.use_pdl)
-        moe_lora_expand(y13, part, b13, self.blocks, self.cfg["expand13"], scaling=scaling,
-                        add_inputs=add_inputs, use_pdl=self.use_pdl)
+        part, shrink = shrink_with_plan(x, a13, self.blocks, self.blocks.top_k,
+                                        self.cfg["shrink13"], use_pdl=self.use_pdl)
+        expand = expand_with_plan(y13, part, b13, self.blocks, self.cfg["expand13"],
+                                  scaling=scaling, add_inputs=add_inputs, use_pdl=self.use_pdl)
+        self.launches13 = (shrink, expand, tuple(part.shape))
 
     def add_w2(self, y2: torch.Tensor, h: torch.Tensor, a2, b2, topk_weights: torch.Tensor | None,
                scaling: torch.Tensor | None = None, add_inputs: bool = True) -> None:
@@ -69,9 +82,12 @@ class MoELoRAOps:
             moe_lora_fused(y2, h, a2, b2, self.blocks, 1, scaling=scaling,
                            topk_weights=topk_weights, add_inputs=add_inputs)
             return
-        part = moe_lora_shrink(h, a2, self.blocks, 1, self.cfg["shrink2"], use_pdl=self.use_pdl)
-        moe_lora_expand(y2, part, b2, self.blocks, self.cfg["expand2"], scaling=scaling,
-                        topk_weights=topk_weights, add_inputs=add_inputs, use_pdl=self.use_pdl)
+        part, shrink = shrink_with_plan(h, a2, self.blocks, 1, self.cfg["shrink2"],
+                                        use_pdl=self.use_pdl)
+        expand = expand_with_plan(y2, part, b2, self.blocks, self.cfg["expand2"],
+                                  scaling=scaling, topk_weights=topk_weights,
+                                  add_inputs=add_inputs, use_pdl=self.use_pdl)
+        self.launches2 = (shrink, expand, tuple(part.shape))
 
 
 def warm_up(

@@ -4,8 +4,9 @@ vLLM 0.24 adds expert LoRA inside ``TritonExperts.apply`` through two methods of
 ``LoRAExpertsMixin``: ``apply_w13_lora`` (gate_up, after the base w13 GEMM, into
 ``intermediate_cache1 [M, K, N]``) returns a 4-tuple of routing metadata that ``apply_w2_lora``
 (down, into ``intermediate_cache3 [M, K, H]``, routing weights applied) receives back. ``install``
-replaces both methods: gate_up sorts the rows once (``MoELoRAOps``) and hands the op object to
-down through the first slot of that tuple, so the pair shares one block layout.
+replaces both methods: gate_up sorts the rows once (``kernels.moe_lora_layer.MoELoRALayer``,
+kept on the context per layer) and hands the step to down through the first slot of that tuple,
+so the pair shares one block layout.
 
 Mapping of vLLM's stacks (``MoELoRAContext``): ``w13_lora_a_stacked`` is one ``[L, E, r, H]``
 tensor for the 3-D fused-expert layout (GPT-OSS; B ``[L, E, 2I, r]`` in the base's row order,
@@ -73,10 +74,21 @@ def _set_mapping(self, punica_wrapper):
         warm_up_layer(ctx, ctx.top_k)
 
 
+def _moe_layer(ctx):
+    """The layer's ``MoELoRALayer`` (kept on vLLM's context; rebuilt if its stacks moved)."""
+    from kernels.moe_lora_layer import MoELoRALayer
+
+    layer = getattr(ctx, "_loraplex_layer", None)
+    if layer is None or layer.a13[0].data_ptr() != ctx.w13_lora_a_stacked[0].data_ptr():
+        layer = MoELoRALayer(ctx.w13_lora_a_stacked, ctx.w13_lora_b_stacked,
+                             ctx.w2_lora_a_stacked[0], ctx.w2_lora_b_stacked[0],
+                             num_experts=ctx.local_num_experts, num_slots=ctx.max_loras)
+        ctx._loraplex_layer = layer
+    return layer
+
+
 def _apply_w13_lora(self, lora_context, *, y, x, topk_ids, topk_weights, expert_map, w1, w2,
                     num_tokens, top_k_num, add_inputs=True):
-    from kernels.triton_moe_lora_ops import MoELoRAOps
-
     ctx = lora_context
     if not _ours_applies(ctx, x, expert_map):
         return _originals["apply_w13_lora"](
@@ -90,37 +102,30 @@ def _apply_w13_lora(self, lora_context, *, y, x, topk_ids, topk_weights, expert_
     token_lora = meta.token_lora_mapping[: x.size(0)]
     if vllm_cuda_live.skippable(ctx.w13_lora_a_stacked[0]):  # no expert LoRA in this step
         return _SKIP, None, None, None
-    a13, b13 = ctx.w13_lora_a_stacked, ctx.w13_lora_b_stacked
-    rank = a13[0].shape[-2]
-    intermediate = ctx.w2_lora_a_stacked[0].shape[-1]
-    ops = MoELoRAOps(topk_ids.view(num_tokens, top_k_num), token_lora,
-                     ctx.adapter_enabled[: ctx.max_loras], num_experts=ctx.local_num_experts,
-                     hidden=a13[0].shape[-1], intermediate=intermediate, rank=rank,
-                     num_slots=ctx.max_loras)
     x2d = x if x.stride(-1) == 1 else x.contiguous()
-    ops.add_w13(y.view(num_tokens * top_k_num, -1), x2d, a13, b13, add_inputs=add_inputs)
-    return ops, None, None, token_lora
+    step = _moe_layer(ctx).gate_up(y.view(num_tokens * top_k_num, -1), x2d,
+                                   topk_ids.view(num_tokens, top_k_num), token_lora,
+                                   ctx.adapter_enabled[: ctx.max_loras], add_inputs=add_inputs)
+    return step, None, None, token_lora
 
 
 def _apply_w2_lora(self, lora_context, *, y, x, topk_weights, sorted_token_ids_lora,
                    expert_ids_lora, num_tokens_post_padded_lora, token_lora_mapping, num_tokens,
                    w1, w2, top_k_num, add_inputs=True):
-    from kernels.triton_moe_lora_ops import MoELoRAOps
+    from kernels.moe_lora_layer import MoELoRAStep
 
-    ops = sorted_token_ids_lora
-    if ops is _SKIP:
+    step = sorted_token_ids_lora
+    if step is _SKIP:
         return None
-    if not isinstance(ops, MoELoRAOps):
+    if not isinstance(step, MoELoRAStep):
         return _originals["apply_w2_lora"](
             self, lora_context, y=y, x=x, topk_weights=topk_weights,
             sorted_token_ids_lora=sorted_token_ids_lora, expert_ids_lora=expert_ids_lora,
             num_tokens_post_padded_lora=num_tokens_post_padded_lora,
             token_lora_mapping=token_lora_mapping, num_tokens=num_tokens, w1=w1, w2=w2,
             top_k_num=top_k_num, add_inputs=add_inputs)
-    ctx = lora_context
-    ops.add_w2(y.view(num_tokens * top_k_num, -1), x.view(num_tokens * top_k_num, -1),
-               ctx.w2_lora_a_stacked[0], ctx.w2_lora_b_stacked[0],
-               topk_weights.view(num_tokens, top_k_num), add_inputs=add_inputs)
+    step.down(y.view(num_tokens * top_k_num, -1), x.view(num_tokens * top_k_num, -1),
+              topk_weights.view(num_tokens, top_k_num), add_inputs=add_inputs)
     return None
 
 

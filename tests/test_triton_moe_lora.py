@@ -367,3 +367,39 @@ def test_fused_single_launch_equals_the_op_pair(case):
                        block_k=16, block_n=16)
         assert rel_err(got, want) < TOL_F32
         assert rel_err(y0, want) > 1e-2
+
+
+@needs_triton
+@pytest.mark.parametrize("parallel", [False, True])
+def test_moe_layer_repeat_steps_launch_what_the_first_kept(parallel, monkeypatch):
+    """``MoELoRALayer`` (what the vLLM glue calls per layer): steps of one size after the first
+    launch the kept align and op pairs and give what ``MoELoRAOps`` gives on the same inputs;
+    a misaligned activation takes the long way and keeps nothing new."""
+    from kernels import triton_moe_lora_ops
+    from kernels.moe_lora_layer import MoELoRALayer
+
+    t, h, i, e, k, n_slots, r = 70, 40, 24, 5, 4, 3, 8
+    cfg = forced_config(16, 2, 16, 16, parallel=parallel)
+    monkeypatch.setattr(triton_moe_lora_ops, "get_layer_config", lambda *a, **kw: cfg)
+    p0 = random_moe_lora_problem(t, h, i, e, k, n_slots, r, device=DEV,
+                                 generator=torch.Generator().manual_seed(7))
+    w = p0["lora"]
+    layer = MoELoRALayer(w.w13_a, w.w13_b, w.w2_a, w.w2_b, num_experts=e, num_slots=n_slots)
+    enabled = w.has_experts.to(torch.int32)
+    for seed in range(4):
+        p = random_moe_lora_problem(t, h, i, e, k, n_slots, r, device=DEV,
+                                    generator=torch.Generator().manual_seed(100 + seed))
+        x = p["x"]
+        if seed == 3:  # 4 bytes off a 16-byte boundary: the long way
+            x = torch.cat([x.new_zeros(t, 1), x], dim=1)[:, 1:]
+        hid = torch.randn(t * k, i, device=DEV)
+        y13, y2 = torch.randn(t * k, 2 * i, device=DEV), torch.randn(t * k, h, device=DEV)
+        before, want13, want2 = y13.clone(), y13.clone(), y2.clone()
+        ops = MoELoRAOps(p["topk_ids"], p["token_lora"], enabled, e, h, i, r, n_slots)
+        ops.add_w13(want13, x, w.w13_a, w.w13_b)
+        ops.add_w2(want2, hid, w.w2_a, w.w2_b, p["topk_weights"])
+        step = layer.gate_up(y13, x, p["topk_ids"], p["token_lora"], enabled)
+        step.down(y2, hid, p["topk_weights"])
+        assert rel_err(y13, want13.double()) < 1e-5 and rel_err(y2, want2.double()) < 1e-5
+        assert not torch.equal(y13, before) and step.fast == (seed != 3)
+        assert (len(layer._up), len(layer._down)) == (1, 1)

@@ -1,0 +1,125 @@
+"""One MoE layer's LoRA applied step after step (what the vLLM integration calls per layer):
+``layer.gate_up(...)`` then ``step.down(...)`` on one block layout.
+
+The first step of a token count goes through ``MoELoRAOps`` (config lookup, sort, the four
+ops). For a sorted layout (prefill sizes: steps that run without CUDA graphs, whose CPU cost
+is on the critical path) the layer then keeps what that step launched: the block tables'
+buffer plan, the align launch(es) and each projection's shrink/expand pair. A repeat step of
+that count checks one key and the 16-byte alignment of its tensors, allocates the tables and
+partials and launches: no config lookup, no per-op key. Naive and fused layouts (decode,
+inside CUDA graphs) always take ``MoELoRAOps``. Nothing of a step is kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from kernels.moe_lora_align import MoELoRABlocks, block_layout, launch_align, layout_tables
+from kernels.triton_launch import aligned16, raw_stream
+from kernels.triton_lora_common import as_slices
+from kernels.triton_moe_lora_ops import MoELoRAOps
+
+
+class MoELoRALayer:
+    """The stacks of one MoE layer: gate_up ``A [L, E, r, H]`` / ``B [L, E, N, r]`` in 1 or 2
+    slices, down ``A [L, E, r, I]`` / ``B [L, E, H, r]``; ``num_experts`` local experts,
+    ``num_slots`` adapter slots."""
+
+    MAX_CALLS = 64
+
+    def __init__(self, a13: torch.Tensor | Sequence[torch.Tensor],
+                 b13: torch.Tensor | Sequence[torch.Tensor], a2: torch.Tensor,
+                 b2: torch.Tensor, num_experts: int, num_slots: int) -> None:
+        self.a13, self.b13, self.a2, self.b2 = as_slices(a13), as_slices(b13), a2, b2
+        self.num_experts, self.num_slots = num_experts, num_slots
+        self.hidden, self.rank = self.a13[0].shape[-1], self.a13[0].shape[-2]
+        self.intermediate = a2.shape[-1]
+        self.aligned = aligned16(*self.a13, *self.b13, a2, b2)
+        self._up: dict[tuple, tuple] = {}
+        self._down: dict[tuple, tuple] = {}
+
+    def gate_up(self, y13: torch.Tensor, x: torch.Tensor, topk_ids: torch.Tensor,
+                token_lora: torch.Tensor, enabled: torch.Tensor,
+                add_inputs: bool = True) -> "MoELoRAStep":
+        """``y13 [M*K, 2I] (+)= (x [M, H] A13^T) B13^T`` for the rows with expert LoRA
+        (``topk_ids [M, K]``, ``token_lora [>=M]`` slot or -1, ``enabled [L]``); returns the
+        step, for ``down``."""
+        m, k = topk_ids.shape
+        key = (m, k, x.stride(0), y13.stride(0), x.dtype, y13.dtype, topk_ids.dtype,
+               token_lora.dtype, enabled.dtype, add_inputs)
+        fast = (self.aligned and topk_ids.is_contiguous()
+                and topk_ids.dtype == token_lora.dtype == enabled.dtype == torch.int32
+                and aligned16(x, y13, topk_ids, token_lora, enabled))
+        call = self._up.get(key) if fast else None
+        if call is None:
+            ops = MoELoRAOps(topk_ids, token_lora, enabled, num_experts=self.num_experts,
+                             hidden=self.hidden, intermediate=self.intermediate,
+                             rank=self.rank, num_slots=self.num_slots)
+            ops.add_w13(y13, x, self.a13, self.b13, add_inputs=add_inputs)
+            bl = ops.blocks
+            if (fast and not ops.fused and not bl.naive and bl.align_plans
+                    and ops.launches13 is not None and None not in ops.launches13[:2]):
+                layout = block_layout(bl.num_rows, self.num_slots * self.num_experts,
+                                      bl.block_m, len(bl.align_plans) == 2)
+                _put(self._up, key, (layout, bl.align_plans, *ops.launches13, ops.cfg,
+                                     ops.use_pdl))
+            return MoELoRAStep(self, ops, fast and not ops.fused and not bl.naive)
+        (max_blocks, starts, sizes), align_plans, shrink, expand, part_shape, cfg, pdl = call
+        dev = x.device
+        tables = layout_tables(torch.empty(starts[-1], dtype=torch.int32, device=dev), starts,
+                               sizes)
+        stream = raw_stream(dev)
+        launch_align(align_plans, stream, (topk_ids, token_lora, enabled, m * k, k,
+                                           self.num_experts), tables)
+        cursor, num_blocks, block_pair, block_nrows, sorted_rows, _ = tables
+        blocks = (sorted_rows, block_pair, block_nrows, num_blocks, topk_ids, token_lora,
+                  enabled)
+        part = torch.empty(part_shape, dtype=torch.float32, device=dev)
+        shrink.launch(stream, x, self.a13[0], self.a13[-1], part, *blocks)
+        expand.launch(stream, y13, self.b13[0], self.b13[-1], part, part, part, *blocks)
+        layout = MoELoRABlocks(sorted_rows, block_pair, block_nrows, num_blocks, max_blocks,
+                               cfg["block_m"], m * k, k, self.num_experts, False, topk_ids,
+                               token_lora, enabled, align_plans)
+        return MoELoRAStep(self, MoELoRAOps.from_blocks(layout, cfg, pdl), True)
+
+
+class MoELoRAStep:
+    """One step's block layout and config (``MoELoRAOps``), from ``MoELoRALayer.gate_up`` to
+    ``down``; ``fast``: its tensors allow the layer's kept launches."""
+
+    __slots__ = ("layer", "ops", "fast")
+
+    def __init__(self, layer: MoELoRALayer, ops: MoELoRAOps, fast: bool) -> None:
+        self.layer, self.ops, self.fast = layer, ops, fast
+
+    def down(self, y2: torch.Tensor, h: torch.Tensor, topk_weights: torch.Tensor,
+             add_inputs: bool = True) -> None:
+        """``y2 [M*K, H] (+)= w * (h [M*K, I] A2^T) B2^T`` for the rows of the layout, ``w``
+        from ``topk_weights [M, K]``."""
+        layer, ops = self.layer, self.ops
+        bl = ops.blocks
+        tw = topk_weights.reshape(-1)
+        key = (bl.num_rows, bl.top_k, h.stride(0), y2.stride(0), h.dtype, y2.dtype, tw.dtype,
+               add_inputs)
+        fast = self.fast and aligned16(h, y2, tw)
+        call = layer._down.get(key) if fast else None
+        if call is None:
+            ops.add_w2(y2, h, layer.a2, layer.b2, topk_weights, add_inputs=add_inputs)
+            if fast and ops.launches2 is not None and None not in ops.launches2[:2]:
+                _put(layer._down, key, ops.launches2)
+            return
+        shrink, expand, part_shape = call
+        blocks = (bl.sorted_rows, bl.block_pair, bl.block_nrows, bl.num_blocks, bl.topk_ids,
+                  bl.token_lora, bl.enabled)
+        stream = raw_stream(h.device)
+        part = torch.empty(part_shape, dtype=torch.float32, device=h.device)
+        shrink.launch(stream, h, layer.a2, layer.a2, part, *blocks)
+        expand.launch(stream, y2, layer.b2, layer.b2, part, part, tw, *blocks)
+
+
+def _put(table: dict, key: tuple, value: tuple) -> None:
+    if len(table) >= MoELoRALayer.MAX_CALLS:
+        table.clear()
+    table[key] = value
