@@ -47,8 +47,8 @@ class MoELoRALayer:
         (``topk_ids [M, K]``, ``token_lora [>=M]`` slot or -1, ``enabled [L]``); returns the
         step, for ``down``."""
         m, k = topk_ids.shape
-        key = (m, k, x.stride(0), y13.stride(0), x.dtype, y13.dtype, topk_ids.dtype,
-               token_lora.dtype, enabled.dtype, add_inputs)
+        key = (m, k, enabled.shape[0], x.stride(0), y13.stride(0), x.dtype, y13.dtype,
+               topk_ids.dtype, token_lora.dtype, enabled.dtype, add_inputs)
         fast = (self.aligned and topk_ids.is_contiguous()
                 and topk_ids.dtype == token_lora.dtype == enabled.dtype == torch.int32
                 and aligned16(x, y13, topk_ids, token_lora, enabled))
@@ -61,7 +61,7 @@ class MoELoRALayer:
             bl = ops.blocks
             if (fast and not ops.fused and not bl.naive and bl.align_plans
                     and ops.launches13 is not None and None not in ops.launches13[:2]):
-                layout = block_layout(bl.num_rows, self.num_slots * self.num_experts,
+                layout = block_layout(bl.num_rows, enabled.shape[0] * self.num_experts,
                                       bl.block_m, len(bl.align_plans) == 2)
                 _put(self._up, key, (layout, bl.align_plans, *ops.launches13, ops.cfg,
                                      ops.use_pdl))
