@@ -11,7 +11,7 @@ import torch
 from kernels.dense_lora_groups import TokenGroups
 from kernels.triton_dense_lora import (DenseLoRAConfig, as_3d, expand_with_plan,
                                        shrink_with_plan)
-from kernels.triton_launch import aligned16, raw_stream
+from kernels.triton_launch import PlanTable, aligned16, raw_stream
 
 
 class DenseLoRALayer:
@@ -33,7 +33,7 @@ class DenseLoRALayer:
         self.b3 = (self.b[0], self.b[min(1, n - 1)], self.b[-1])
         self.in_features = self.a[0].shape[-1]
         self.aligned = aligned16(*self.a, *self.b)
-        self._calls: dict[tuple, tuple] = {}
+        self._calls = PlanTable(self.MAX_CALLS)
 
     def __call__(self, y: torch.Tensor, x: torch.Tensor, groups: TokenGroups,
                  cfg: DenseLoRAConfig, scale: float = 1.0, add_inputs: bool = True,
@@ -56,6 +56,4 @@ class DenseLoRALayer:
         part, shrink = shrink_with_plan(x, self.a, g, cfg, scale, use_pdl, slot_live)
         expand = expand_with_plan(y, part, self.b, g, cfg, add_inputs, use_pdl, slot_live)
         if shrink is not None and expand is not None and self.aligned and tensors_aligned:
-            if len(self._calls) >= self.MAX_CALLS:
-                self._calls.clear()
-            self._calls[key] = (shrink, expand)
+            self._calls.put(key, (shrink, expand))

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import torch
 
 from kernels.moe_lora_align import MoELoRABlocks, block_layout, launch_align, layout_tables
-from kernels.triton_launch import aligned16, raw_stream
+from kernels.triton_launch import PlanTable, aligned16, raw_stream
 from kernels.triton_lora_common import as_slices
 from kernels.triton_moe_lora_ops import MoELoRAOps
 
@@ -37,8 +37,8 @@ class MoELoRALayer:
         self.hidden, self.rank = self.a13[0].shape[-1], self.a13[0].shape[-2]
         self.intermediate = a2.shape[-1]
         self.aligned = aligned16(*self.a13, *self.b13, a2, b2)
-        self._up: dict[tuple, tuple] = {}
-        self._down: dict[tuple, tuple] = {}
+        self._up = PlanTable(self.MAX_CALLS)
+        self._down = PlanTable(self.MAX_CALLS)
 
     def gate_up(self, y13: torch.Tensor, x: torch.Tensor, topk_ids: torch.Tensor,
                 token_lora: torch.Tensor, enabled: torch.Tensor,
@@ -60,13 +60,13 @@ class MoELoRALayer:
             ops.add_w13(y13, x, self.a13, self.b13, add_inputs=add_inputs)
             bl = ops.blocks
             if (fast and not ops.fused and not bl.naive and bl.align_plans
-                    and ops.launches13 is not None and None not in ops.launches13[:2]):
+                    and ops.launches13 is not None and None not in ops.launches13):
                 layout = block_layout(bl.num_rows, enabled.shape[0] * self.num_experts,
                                       bl.block_m, len(bl.align_plans) == 2)
-                _put(self._up, key, (layout, bl.align_plans, *ops.launches13, ops.cfg,
-                                     ops.use_pdl))
+                self._up.put(key, (layout, bl.align_plans, *ops.launches13, ops.cfg,
+                                   ops.use_pdl))
             return MoELoRAStep(self, ops, fast and not ops.fused and not bl.naive)
-        (max_blocks, starts, sizes), align_plans, shrink, expand, part_shape, cfg, pdl = call
+        (max_blocks, starts, sizes), align_plans, shrink, expand, cfg, pdl = call
         dev = x.device
         tables = layout_tables(torch.empty(starts[-1], dtype=torch.int32, device=dev), starts,
                                sizes)
@@ -76,7 +76,7 @@ class MoELoRALayer:
         cursor, num_blocks, block_pair, block_nrows, sorted_rows, _ = tables
         blocks = (sorted_rows, block_pair, block_nrows, num_blocks, topk_ids, token_lora,
                   enabled)
-        part = torch.empty(part_shape, dtype=torch.float32, device=dev)
+        part = torch.empty(shrink.extra, dtype=torch.float32, device=dev)
         shrink.launch(stream, x, self.a13[0], self.a13[-1], part, *blocks)
         expand.launch(stream, y13, self.b13[0], self.b13[-1], part, part, part, *blocks)
         layout = MoELoRABlocks(sorted_rows, block_pair, block_nrows, num_blocks, max_blocks,
@@ -107,19 +107,13 @@ class MoELoRAStep:
         call = layer._down.get(key) if fast else None
         if call is None:
             ops.add_w2(y2, h, layer.a2, layer.b2, topk_weights, add_inputs=add_inputs)
-            if fast and ops.launches2 is not None and None not in ops.launches2[:2]:
-                _put(layer._down, key, ops.launches2)
+            if fast and ops.launches2 is not None and None not in ops.launches2:
+                layer._down.put(key, ops.launches2)
             return
-        shrink, expand, part_shape = call
+        shrink, expand = call
         blocks = (bl.sorted_rows, bl.block_pair, bl.block_nrows, bl.num_blocks, bl.topk_ids,
                   bl.token_lora, bl.enabled)
         stream = raw_stream(h.device)
-        part = torch.empty(part_shape, dtype=torch.float32, device=h.device)
+        part = torch.empty(shrink.extra, dtype=torch.float32, device=h.device)
         shrink.launch(stream, h, layer.a2, layer.a2, part, *blocks)
         expand.launch(stream, y2, layer.b2, layer.b2, part, part, tw, *blocks)
-
-
-def _put(table: dict, key: tuple, value: tuple) -> None:
-    if len(table) >= MoELoRALayer.MAX_CALLS:
-        table.clear()
-    table[key] = value

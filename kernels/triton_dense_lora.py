@@ -255,7 +255,7 @@ def shrink_with_plan(x, lora_a, groups, cfg, scale, use_pdl, slot_live
     assert x.stride(-1) == 1 and all(t.stride(-1) == 1 for t in a)
     assert all(t.shape == a[0].shape and t.stride() == a[0].stride() for t in a), \
         "slices must share shape and strides"
-    _SHRINK_PLANS.launch_new(
+    plan = _SHRINK_PLANS.launch_new(
         key, (row_blocks(m, cfg.block_m, g.num_groups), split_k, num_slices),
         (x, a[0], a1, a[-1], part, g.sorted_idx, g.slot, g.ntok, g.start, live, g.num_groups, m,
          in_features, rank, k_per_split, float(scale),
@@ -265,7 +265,7 @@ def shrink_with_plan(x, lora_a, groups, cfg, scale, use_pdl, slot_live
              HAS_LIVE=slot_live is not None, USE_PDL=use_pdl,
              num_warps=cfg.num_warps, num_stages=2, launch_pdl=use_pdl),
         lead=_LEAD, extra=tuple(part.shape))
-    return part, _SHRINK_PLANS.get(key)
+    return part, plan
 
 
 def dense_lora_expand(y: torch.Tensor, part: torch.Tensor, lora_b: Sequence[torch.Tensor],
@@ -306,7 +306,7 @@ def expand_with_plan(y, part, lora_b, groups, cfg, add_inputs, use_pdl, slot_liv
     bl = [t.stride(0) for t in b] + [0] * (MAX_SLICES - num_slices)
     assert y.shape[-1] >= sum(ns), (y.shape, ns)
     block_n = min(cfg.block_n, max(16, next_pow2(max(ns))))
-    _EXPAND_PLANS.launch_new(
+    return _EXPAND_PLANS.launch_new(
         key, (cdiv(max(ns), block_n), row_blocks(m, cfg.block_m, g.num_groups), num_slices),
         (y, b[0], b1, b[-1], part, g.sorted_idx, g.slot, g.ntok, g.start, live, g.num_groups, m,
          ns[0], ns[1], ns[2], rank, part.shape[0],
@@ -317,4 +317,3 @@ def expand_with_plan(y, part, lora_b, groups, cfg, add_inputs, use_pdl, slot_liv
              HAS_LIVE=slot_live is not None, USE_PDL=use_pdl,
              num_warps=cfg.num_warps, num_stages=1, launch_pdl=use_pdl),
         lead=_LEAD)
-    return _EXPAND_PLANS.get(key)

@@ -103,8 +103,8 @@ class CachedLauncher:
             return args, (None if self.interpreted else kernel), kw
         g1 = grid[1] if len(grid) > 1 else 1
         g2 = grid[2] if len(grid) > 2 else 1
-        kernel.run(grid[0], g1, g2, _current_stream(), kernel.function, kernel.packed_metadata,
-                   None, None, None, *args)
+        kernel.run(grid[0], g1, g2, raw_stream(_CURRENT_CUDA), kernel.function,
+                   kernel.packed_metadata, None, None, None, *args)
         return args, kernel, None
 
 
@@ -154,23 +154,19 @@ class PreparedLaunch:
 
 
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # what Triton's driver uses
+_CURRENT_CUDA = torch.device("cuda")  # no index: the current device
 
 
 def raw_stream(device: torch.device) -> int:
-    """The current CUDA stream of ``device`` as the driver handle Triton launches on (0 off
-    CUDA)."""
+    """The current CUDA stream of ``device`` (no index: the current device) as the driver
+    handle Triton launches on (0 off CUDA)."""
     if device.type != "cuda":
         return 0
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if _raw_stream is not None:
-        return _raw_stream(index)
-    return torch.cuda.current_stream(index).cuda_stream
-
-
-def _current_stream() -> int:
-    if _raw_stream is not None:
-        return _raw_stream(torch.cuda.current_device())
-    return torch.cuda.current_stream().cuda_stream
+    if _raw_stream is None:
+        stream = (torch.cuda.current_stream() if device.index is None
+                  else torch.cuda.current_stream(device.index))
+        return stream.cuda_stream
+    return _raw_stream(device.index if device.index is not None else torch.cuda.current_device())
 
 
 class PlanTable:
@@ -201,14 +197,15 @@ class LaunchPlans(PlanTable):
         self.launcher = launcher
 
     def launch_new(self, key: tuple, grid: tuple, args: tuple, kwargs: dict, lead: int,
-                   extra=None) -> None:
+                   extra=None) -> PreparedLaunch:
         """Launches ``args`` at ``grid`` (leading positional arguments of the kernel, then the
         launch options and the rest by name in ``kwargs``) and keeps it under ``key``, to be
         launched again with its first ``lead`` arguments given anew (every tensor among them),
-        with ``extra`` in its ``extra`` slot."""
+        with ``extra`` in its ``extra`` slot; returns it."""
         plan = self.launcher.prepare(grid, *args, lead=lead, **kwargs)
         plan.extra = extra
         self.put(key, plan)
+        return plan
 
 
 def aligned16(*tensors: torch.Tensor) -> bool:

@@ -223,7 +223,7 @@ def shrink_with_plan(x, lora_a, blocks, x_row_div, cfg, use_pdl=False, out=None
     assert x.stride(-1) == 1 and all(t.stride(-1) == 1 for t in a)
     assert all(t.shape == a[0].shape and t.stride() == a[0].stride() for t in a)
     assert x.shape[-1] >= in_features, (x.shape, in_features)
-    _SHRINK_PLANS.launch_new(
+    plan = _SHRINK_PLANS.launch_new(
         key, (bl.max_blocks, split_k, num_slices),
         (x, a[0], a[-1], part, *blocks_args, bl.top_k,
          in_features, rank, bl.num_experts, x_row_div, k_per_split,
@@ -233,7 +233,7 @@ def shrink_with_plan(x, lora_a, blocks, x_row_div, cfg, use_pdl=False, out=None
              NUM_SLICES=num_slices, NAIVE=bl.naive, USE_PDL=use_pdl,
              num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=use_pdl),
         lead=4 + len(blocks_args), extra=shape)
-    return part, _SHRINK_PLANS.get(key)
+    return part, plan
 
 
 def _part_shape(a: tuple[torch.Tensor, ...], blocks: MoELoRABlocks, cfg: OpConfig
@@ -294,7 +294,7 @@ def expand_with_plan(y, part, lora_b, blocks, cfg, scaling=None, topk_weights=No
     assert all(t.shape == b[0].shape and t.stride() == b[0].stride() for t in b)
     assert y.shape[-1] >= num_slices * out_features, (y.shape, num_slices, out_features)
     block_n = min(cfg.block_n, max(16, next_pow2(out_features)))
-    _EXPAND_PLANS.launch_new(
+    return _EXPAND_PLANS.launch_new(
         key, (cdiv(out_features, block_n), bl.max_blocks, num_slices),
         (y, b[0], b[-1], part, sc, tw, *blocks_args, bl.top_k,
          out_features, rank, bl.num_experts, part.shape[0],
@@ -306,4 +306,3 @@ def expand_with_plan(y, part, lora_b, blocks, cfg, scaling=None, topk_weights=No
              ADD_INPUTS=add_inputs, NAIVE=bl.naive, USE_PDL=use_pdl,
              num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=use_pdl),
         lead=6 + len(blocks_args))
-    return _EXPAND_PLANS.get(key)

@@ -49,7 +49,8 @@ class MoELoRAOps:
                                      int(self.cfg["block_m"]), naive=bool(self.cfg.get("naive")),
                                      parallel=bool(self.cfg.get("align_parallel")))
         self.fused = self.blocks.naive and bool(self.cfg.get("fused"))
-        # (shrink, expand, partials shape) of each projection's op pair, once it has run
+        # (shrink, expand) prepared launches of each projection's op pair, once it has run
+        # (the shrink's ``extra`` is its partials' shape)
         self.launches13: tuple | None = None
         self.launches2: tuple | None = None
 
@@ -73,7 +74,7 @@ class MoELoRAOps:
                                         self.cfg["shrink13"], use_pdl=self.use_pdl)
         expand = expand_with_plan(y13, part, b13, self.blocks, self.cfg["expand13"],
                                   scaling=scaling, add_inputs=add_inputs, use_pdl=self.use_pdl)
-        self.launches13 = (shrink, expand, tuple(part.shape))
+        self.launches13 = (shrink, expand)
 
     def add_w2(self, y2: torch.Tensor, h: torch.Tensor, a2, b2, topk_weights: torch.Tensor | None,
                scaling: torch.Tensor | None = None, add_inputs: bool = True) -> None:
@@ -87,7 +88,7 @@ class MoELoRAOps:
         expand = expand_with_plan(y2, part, b2, self.blocks, self.cfg["expand2"],
                                   scaling=scaling, topk_weights=topk_weights,
                                   add_inputs=add_inputs, use_pdl=self.use_pdl)
-        self.launches2 = (shrink, expand, tuple(part.shape))
+        self.launches2 = (shrink, expand)
 
 
 def warm_up(

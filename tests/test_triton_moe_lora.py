@@ -402,4 +402,4 @@ def test_moe_layer_repeat_steps_launch_what_the_first_kept(parallel, monkeypatch
         step.down(y2, hid, p["topk_weights"])
         assert rel_err(y13, want13.double()) < 1e-5 and rel_err(y2, want2.double()) < 1e-5
         assert not torch.equal(y13, before) and step.fast == (seed != 3)
-        assert (len(layer._up), len(layer._down)) == (1, 1)
+        assert (len(layer._up.plans), len(layer._down.plans)) == (1, 1)
