@@ -6,17 +6,20 @@ as the environment switches it), GPT-OSS-20B shape with balanced random weights
 rank-32 adapters on attention + experts. Two workloads, each run under ``torch.profiler`` with
 every request on an adapter, then on none:
 
-- *prefill*: ``--prompts`` prompts of ``--prompt-len`` tokens, one per step (the step a new
-  request brings while serving; beyond the CUDA-graph sizes, so torch.compile's graphs run
-  eagerly);
+- *prefill*: ``--prompts`` prompts of ``--prompt-len`` tokens, ``--prompts-per-step`` per step
+  (1: the step a new request brings while serving; 5 x 1600: the 8192-token steps of a burst of
+  new requests; beyond the CUDA-graph sizes, so torch.compile's graphs run eagerly);
 - *decode*: ``--prompts`` requests of 32 tokens decoding ``--decode-steps`` tokens together
   (CUDA graphs; the profiler sees the kernels inside them).
 
-Tables: milliseconds of kernel time per step per family (``kernel_family``) with and without
-adapters and the difference, the wall time per step, and the kernels that add the most.
+Both passes run on the LoRA engine; ``--base-engine`` also runs them on an engine without LoRA
+(in a child process: the base a served model without adapters runs, and what "added" is then
+measured against). Tables: milliseconds of kernel time per step per family (``kernel_family``)
+in each column and the difference, the wall time per step, and the kernels that add the most.
 
 Run on the GPU machine (vLLM 0.24 importable, repository root on ``PYTHONPATH``):
-``python -m benchmarks.gpu_step_profile [--mxfp4] [--json out.json]``
+``python -m benchmarks.gpu_step_profile [--mxfp4] [--prompts-per-step 5] [--base-engine]
+[--json out.json]``
 """
 
 from __future__ import annotations
@@ -25,12 +28,16 @@ import argparse
 import json
 import os
 import re
+import subprocess
+import sys
+import tempfile
 import time
 from collections import defaultdict
 
-from benchmarks.gpt_oss_dummy import (adapter_requests, add_run_args, in_process_engine_env,
-                                      lora_engine, random_prompts, use_balanced_dummy_weights,
-                                      write_adapters, write_model_dir)
+from benchmarks.gpt_oss_dummy import (ENGINE_ARGS, adapter_requests, add_run_args,
+                                      in_process_engine_env, lora_engine, random_prompts,
+                                      use_balanced_dummy_weights, write_adapters,
+                                      write_model_dir)
 
 # (family, pattern on the kernel name), first match wins
 FAMILIES = [
@@ -101,34 +108,83 @@ def profile_pass(llm, batches, max_tokens: int, loras: bool, paths) -> tuple[dic
     return kernel_ms(prof.events()), wall
 
 
-def print_tables(title: str, steps: int, with_k: dict, without_k: dict, walls, top: int) -> dict:
-    """Family table and the ``top`` kernels by added time, in ms per step; returns the figures."""
-    fam_with, fam_without = defaultdict(float), defaultdict(float)
-    for src, dst in ((with_k, fam_with), (without_k, fam_without)):
-        for name, (ms, _) in src.items():
-            dst[kernel_family(name)] += ms / steps
+def per_step_families(kernels: dict, steps: int) -> dict[str, float]:
+    """ms per step per family (``kernel_family``) of per-kernel ``(ms, launches)`` totals."""
+    out: dict[str, float] = defaultdict(float)
+    for name, (ms, _) in kernels.items():
+        out[kernel_family(name)] += ms / steps
+    return dict(out)
+
+
+def print_tables(title: str, steps: int, columns: dict[str, tuple[dict, float]], top: int) -> dict:
+    """Family table and the ``top`` kernels by added time, in ms per step; returns the figures.
+
+    ``columns``: label -> (per-kernel ``(ms, launches)`` totals, wall ms over the ``steps``),
+    the first the run with adapters, the last the baseline "added" is measured against."""
+    labels = list(columns)
+    fams = {c: per_step_families(columns[c][0], steps) for c in labels}
+    first, last = fams[labels[0]], fams[labels[-1]]
     print(f"\n{title}; ms per step ({steps} steps)")
-    print("| family | with adapters | without | added |")
-    print("|---|---|---|---|")
-    for f in sorted(set(fam_with) | set(fam_without), key=lambda f: -fam_with.get(f, 0.0)):
-        a, b = fam_with.get(f, 0.0), fam_without.get(f, 0.0)
-        print(f"| {f} | {a:.3f} | {b:.3f} | {a - b:+.3f} |")
-    ta, tb = sum(fam_with.values()), sum(fam_without.values())
-    wa, wb = walls[0] / steps, walls[1] / steps
-    print(f"| all kernels | {ta:.3f} | {tb:.3f} | {ta - tb:+.3f} |")
-    print(f"| wall time | {wa:.3f} | {wb:.3f} | {wa - wb:+.3f} |")
-    added = {n: with_k.get(n, (0.0, 0))[0] - without_k.get(n, (0.0, 0))[0]
-             for n in set(with_k) | set(without_k)}
-    print(f"\ntop {top} kernels by time added per step (launches per step with / without)")
+    print("| family | " + " | ".join(labels) + " | added |")
+    print("|---|" + "---|" * (len(labels) + 1))
+    for f in sorted(set().union(*fams.values()), key=lambda f: -first.get(f, 0.0)):
+        vals = [fams[c].get(f, 0.0) for c in labels]
+        print(f"| {f} | " + " | ".join(f"{v:.3f}" for v in vals) + f" | {vals[0] - vals[-1]:+.3f} |")
+    totals = [sum(fams[c].values()) for c in labels]
+    walls = [columns[c][1] / steps for c in labels]
+    for name, vals in (("all kernels", totals), ("wall time", walls)):
+        print(f"| {name} | " + " | ".join(f"{v:.3f}" for v in vals) + f" | {vals[0] - vals[-1]:+.3f} "
+              f"({vals[0] / vals[-1]:.2f}×) |")
+    with_k, base_k = columns[labels[0]][0], columns[labels[-1]][0]
+    added = {n: with_k.get(n, (0.0, 0))[0] - base_k.get(n, (0.0, 0))[0]
+             for n in set(with_k) | set(base_k)}
+    print(f"\ntop {top} kernels by time added per step ({labels[0]} vs {labels[-1]}; launches "
+          "per step in each)")
     print("| kernel | with | without | added | launches |")
     print("|---|---|---|---|---|")
     for n in sorted(added, key=lambda n: -abs(added[n]))[:top]:
-        a, b = with_k.get(n, (0.0, 0)), without_k.get(n, (0.0, 0))
+        a, b = with_k.get(n, (0.0, 0)), base_k.get(n, (0.0, 0))
         print(f"| `{n[:90]}` | {a[0] / steps:.3f} | {b[0] / steps:.3f} | "
               f"{added[n] / steps:+.3f} | {a[1] / steps:.1f} / {b[1] / steps:.1f} |")
-    return {"steps": steps, "families_with": dict(fam_with), "families_without":
-            dict(fam_without), "wall_ms_per_step": [wa, wb],
-            "kernels_with": with_k, "kernels_without": without_k}
+    return {"steps": steps, "columns": labels, "families": fams, "wall_ms_per_step": walls,
+            "kernels": {c: columns[c][0] for c in labels}}
+
+
+def phases(args) -> list[tuple[str, list, int, int]]:
+    """``(name, batches, max_tokens, steps)`` of the two workloads: prefill batches of
+    ``--prompts-per-step`` prompts (one step each), then the decode batch."""
+    per_step = args.prompts_per_step
+    if per_step * args.prompt_len > ENGINE_ARGS["max_num_batched_tokens"]:
+        raise SystemExit(f"--prompts-per-step {per_step} x --prompt-len {args.prompt_len} exceeds "
+                         f"the engine's {ENGINE_ARGS['max_num_batched_tokens']} tokens per step")
+    prompts = random_prompts(args.prompts, args.prompt_len)
+    prefill = [prompts[i:i + per_step] for i in range(0, len(prompts) - per_step + 1, per_step)]
+    decode = [random_prompts(args.prompts, 32, seed=1)]
+    return [("prefill", prefill, 1, len(prefill)),
+            ("decode", decode, args.decode_steps + 1, args.decode_steps)]
+
+
+def base_engine_passes(args, model) -> dict[str, tuple[dict, float]]:
+    """The phases on an engine without LoRA, in a child process (the GPU holds one engine at a
+    time): per phase, per-kernel ``(ms, launches)`` and wall ms."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "base.json")
+        cmd = [sys.executable, "-m", "benchmarks.gpu_step_profile", *sys.argv[1:],
+               "--child-base", out]
+        subprocess.run(cmd, check=True)
+        raw = json.load(open(out))
+    return {name: ({k: tuple(v) for k, v in kern.items()}, wall)
+            for name, (kern, wall) in raw.items()}
+
+
+def child_base(args, model, out: str) -> None:
+    llm = lora_engine(model, args.adapters, 32, eager=False, max_model_len=4096, lora=False)
+    result = {}
+    for name, batches, max_tokens, _ in phases(args):
+        profile_pass(llm, batches, max_tokens, False, [])  # warm
+        result[name] = profile_pass(llm, batches, max_tokens, False, [])
+    with open(out, "w") as f:
+        json.dump(result, f)
 
 
 def main() -> None:
@@ -136,38 +192,45 @@ def main() -> None:
     add_run_args(ap, adapters=8, prompt_len=1600)
     ap.add_argument("--decode-steps", type=int, default=128,
                     help="decode phase: --prompts requests of 32 tokens, this many new tokens")
+    ap.add_argument("--prompts-per-step", type=int, default=1,
+                    help="prefill phase: prompts per step (5 x 1600 tokens: the 8192-token steps "
+                         "of a burst of new requests)")
+    ap.add_argument("--base-engine", action="store_true",
+                    help="also profile an engine without LoRA (a served base model) and measure "
+                         "what the adapters add against it")
     ap.add_argument("--top", type=int, default=12)
     ap.add_argument("--cprofile", type=int, default=0, metavar="N",
                     help="also profile the prefill passes' Python (host) time: top N functions")
     ap.add_argument("--cprofile-dir", default=None,
                     help="with --cprofile: also write the raw stats (pstats files) here")
+    ap.add_argument("--child-base", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
 
     in_process_engine_env()
     use_balanced_dummy_weights()
     model = write_model_dir(args.workdir, args.mxfp4)
+    if args.child_base:
+        return child_base(args, model, args.child_base)
+    base = base_engine_passes(args, model) if args.base_engine else {}
     paths = write_adapters(f"{args.workdir}/adapters", args.adapters, 32, 0.002)
     llm = lora_engine(model, args.adapters, 32, eager=False, max_model_len=4096)
     label = f"GPT-OSS-20B shape, {'MXFP4' if args.mxfp4 else 'bf16'} experts, {args.adapters} " \
             f"adapters r32"
-    # prefill: one prompt per step (the step a new request brings while serving)
-    prefill = [[p] for p in random_prompts(args.prompts, args.prompt_len)]
-    decode = [random_prompts(args.prompts, 32, seed=1)]
     report = {"args": vars(args)}
-    for name, batches, max_tokens, steps in (
-            ("prefill", prefill, 1, len(prefill)),
-            ("decode", decode, args.decode_steps + 1, args.decode_steps)):
+    for name, batches, max_tokens, steps in phases(args):
         for lr in (True, False):  # warm: adapters resident, every kernel compiled
             profile_pass(llm, batches, max_tokens, lr, paths)
-        with_k, wall_with = profile_pass(llm, batches, max_tokens, True, paths)
-        without_k, wall_without = profile_pass(llm, batches, max_tokens, False, paths)
-        title = (f"{label}: prefill, one {args.prompt_len}-token prompt per step" if
-                 name == "prefill" else
+        columns = {"with adapters": profile_pass(llm, batches, max_tokens, True, paths),
+                   "LoRA on, no adapter": profile_pass(llm, batches, max_tokens, False, paths)}
+        if name in base:
+            columns["LoRA off"] = base[name]
+        title = (f"{label}: prefill, {args.prompts_per_step} x {args.prompt_len}-token prompt(s) "
+                 "per step" if name == "prefill" else
                  f"{label}: decode, {args.prompts} requests (+ one small prefill step)")
-        report[name] = print_tables(title, steps, with_k, without_k, (wall_with, wall_without),
-                                    args.top)
+        report[name] = print_tables(title, steps, columns, args.top)
     if args.cprofile:
-        report["host"] = host_profile(llm, prefill, paths, args.cprofile, args.cprofile_dir)
+        report["host"] = host_profile(llm, phases(args)[0][1], paths, args.cprofile,
+                                      args.cprofile_dir)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)

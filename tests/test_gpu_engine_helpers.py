@@ -97,3 +97,36 @@ def test_kernel_families_and_device_time_only():
                      ev("aten::mm", "CPU", 9000.0),  # a CPU op: its kernels are counted once
                      ev("nvjet_x", "CUDA", 250.0)])
     assert got == {"MoE-LoRA (loraplex)": 2.0, "dense GEMMs": 0.25}
+
+
+def test_step_tables_measure_added_time_against_the_last_column(capsys):
+    from benchmarks.gpu_step_profile import print_tables
+
+    with_k = {"_moe_lora_expand_kernel": (6.0, 48), "fused_moe_kernel": (40.0, 96)}
+    idle_k = {"fused_moe_kernel": (40.0, 96)}
+    off_k = {"fused_moe_kernel": (30.0, 96)}
+    got = print_tables("t", 2, {"with adapters": (with_k, 100.0),
+                                "LoRA on, no adapter": (idle_k, 90.0),
+                                "LoRA off": (off_k, 80.0)}, top=5)
+    assert got["columns"] == ["with adapters", "LoRA on, no adapter", "LoRA off"]
+    assert got["families"]["with adapters"] == {"MoE-LoRA (loraplex)": 3.0, "MoE base GEMMs": 20.0}
+    assert got["wall_ms_per_step"] == [50.0, 45.0, 40.0]
+    out = capsys.readouterr().out
+    # added = first column minus the last (the engine without LoRA), per step
+    assert "| MoE base GEMMs | 20.000 | 20.000 | 15.000 | +5.000 |" in out
+    assert "| wall time | 50.000 | 45.000 | 40.000 | +10.000 (1.25×) |" in out
+    assert "| `fused_moe_kernel` | 20.000 | 15.000 | +5.000 | 48.0 / 48.0 |" in out
+
+
+def test_prefill_phase_packs_prompts_per_step_within_the_step_budget():
+    from argparse import Namespace
+
+    from benchmarks.gpu_step_profile import phases
+
+    args = Namespace(prompts=16, prompt_len=1600, prompts_per_step=5, decode_steps=4)
+    (name, batches, max_tokens, steps), decode = phases(args)
+    assert (name, max_tokens, steps) == ("prefill", 1, 3)
+    assert [len(b) for b in batches] == [5, 5, 5] and len(batches[0][0]) == 1600
+    assert decode[0] == "decode" and decode[3] == 4 and len(decode[1][0]) == 16
+    with pytest.raises(SystemExit, match="exceeds the engine's 8192 tokens"):
+        phases(Namespace(prompts=16, prompt_len=1600, prompts_per_step=6, decode_steps=4))
