@@ -5,8 +5,9 @@ kernels vs adapters with vLLM's own (stock), each engine in a fresh process, thr
 Runs (``--runs``, in order): ``base`` (LoRA off), ``loraplex`` (LoRA on, ``LORAPLEX_MOE_LORA=1``),
 ``stock`` (LoRA on, ``LORAPLEX_MOE_LORA=0``). Request i uses adapter i % adapters.
 
-Workload per run (``benchmarks.serving_phases``): warm-up waves, then *burst* (``--conc``
-requests at once, ``--burst-reps`` times; the last is reported) and *steady* (a closed loop of
+Workload per run (``benchmarks.serving_phases``): warm-up waves (at once, then staggered), then
+*burst* (``--conc`` requests at once, ``--burst-reps`` times; the last is reported, TPOT and
+TTFT) and *steady* (a closed loop of
 ``--conc`` workers, ``--per-worker`` requests each, starts staggered over one burst; *window* =
 the requests that ran while every worker was active). Random prompt ids (``--in-len``),
 ``--out-len`` tokens each (ignore_eos), temperature 1. TTFT from submit; TPOT = (last − first
