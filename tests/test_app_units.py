@@ -117,3 +117,18 @@ def test_build_app_uses_the_adapter_affinity_router():
     engine = gateway.init_args[0]._bound_deployment
     assert engine.name == "Engine" and engine.num_replicas == 2
     assert engine._deployment_config.request_router_config.request_router_class == "app.router:AdapterAffinityRouter"
+
+
+def test_engine_wraps_only_the_modules_the_registry_serves_lora_for():
+    from app.config import EngineConfig
+    from app.lora_targets import NON_EXPERT_LORA_TARGETS, SERVED_LORA_TARGETS
+    from app.vllm_serving import engine_kwargs
+
+    assert set(SERVED_LORA_TARGETS) == set(NON_EXPERT_LORA_TARGETS) | {"experts"}
+    # never the router (GPT-OSS ``router``, Qwen3-MoE ``gate``), embeddings or LM head
+    assert not {"router", "gate", "embed_tokens", "lm_head"} & set(SERVED_LORA_TARGETS)
+    assert engine_kwargs(EngineConfig())["lora_target_modules"] == list(SERVED_LORA_TARGETS)
+    # CPU without loraplex's expert path: experts are no target
+    off = engine_kwargs(EngineConfig(moe_lora_plugin=False))["lora_target_modules"]
+    assert off == list(NON_EXPERT_LORA_TARGETS)
+    assert engine_kwargs(EngineConfig(lora_target_modules=["q_proj"]))["lora_target_modules"] == ["q_proj"]
