@@ -40,55 +40,63 @@ def enabled() -> bool:
 
 
 class Branches:
-    """One layer call's forked LoRA branches (kept on the LoRA context during ``apply``).
+    """One layer call's forked LoRA branches (kept on the LoRA context during ``apply``):
+    ``pending`` maps ``"gate_up"`` / ``"down"`` to (delta buffer, aux event) until joined.
 
     Invariant: every event recorded on the aux stream is waited by the main stream before
     ``apply`` returns (``join_rest``)."""
 
-    __slots__ = ("main", "aux", "topk_weights", "step", "d13", "ev13", "d2", "ev2")
+    __slots__ = ("main", "aux", "topk_weights", "step", "pending", "down_forked")
 
     def __init__(self, main: torch.cuda.Stream, aux: torch.cuda.Stream,
                  topk_weights: torch.Tensor) -> None:
         self.main, self.aux, self.topk_weights = main, aux, topk_weights
-        self.step = self.d13 = self.ev13 = self.d2 = self.ev2 = None
+        self.step = None
+        self.pending: dict[str, tuple[torch.Tensor, torch.cuda.Event]] = {}
+        self.down_forked = False
 
-    def _fork(self, width: int, like: torch.Tensor, rows: int) -> torch.Tensor:
-        """A delta buffer ``[rows, width]`` allocated on the main stream (it frees it after the
-        join), zeroed on the aux stream after everything the main stream queued so far."""
+    def _fork(self, name: str, rows: int, width: int, like: torch.Tensor,
+              run: Callable[[torch.Tensor], object]) -> object:
+        """``run(delta)`` on the aux stream after everything the main stream queued so far,
+        ``delta [rows, width]`` allocated on the main stream (which frees it after the join)
+        and zeroed on the aux stream; returns what ``run`` returns."""
         delta = torch.empty(rows, width, dtype=like.dtype, device=like.device)
-        start = torch.cuda.Event()
+        start, done = torch.cuda.Event(), torch.cuda.Event()
         start.record(self.main)
         self.aux.wait_event(start)
         with torch.cuda.stream(self.aux):
             delta.zero_()
-        return delta
-
-    def _done(self) -> torch.cuda.Event:
-        ev = torch.cuda.Event()
-        ev.record(self.aux)
-        return ev
+            out = run(delta)
+        done.record(self.aux)
+        self.pending[name] = (delta, done)
+        return out
 
     def fork_gate_up(self, gate_up: Callable, width: int, x: torch.Tensor, rows: int) -> None:
-        """``gate_up(d13)`` (loraplex's gate_up LoRA into ``d13``, returning the step or a skip
-        marker) on the aux stream."""
-        self.d13 = self._fork(width, x, rows)
-        with torch.cuda.stream(self.aux):
-            self.step = gate_up(self.d13)
-        self.ev13 = self._done()
+        """``gate_up(d13)`` (loraplex's gate_up LoRA into ``d13 [rows, width]``, returning the
+        step or a skip marker) on the aux stream."""
+        self.step = self._fork("gate_up", rows, width, x, gate_up)
 
     def fork_down(self, h: torch.Tensor, width: int) -> None:
-        """The down LoRA of ``h [M*K, I]`` (the activation's output) into ``d2`` on the aux
-        stream, after the gate_up branch's step."""
-        self.d2 = self._fork(width, h, h.shape[0])
-        with torch.cuda.stream(self.aux):
-            self.step.down(self.d2, h, self.topk_weights)
-        self.ev2 = self._done()
+        """The down LoRA of ``h [M*K, I]`` (the activation's output) into ``d2 [M*K, width]``
+        on the aux stream, after the gate_up branch (same stream)."""
+        self.down_forked = True
+        self._fork("down", h.shape[0], width, h,
+                   lambda d2: self.step.down(d2, h, self.topk_weights))
+
+    def join(self, name: str, y2d: torch.Tensor) -> bool:
+        """The main stream waits for branch ``name`` and adds its delta into ``y2d``; False
+        when that branch is not pending."""
+        entry = self.pending.pop(name, None)
+        if entry is None:
+            return False
+        self.main.wait_event(entry[1])
+        y2d.add_(entry[0])
+        return True
 
     def join_rest(self) -> None:
-        for ev in (self.ev13, self.ev2):
-            if ev is not None:
-                self.main.wait_event(ev)
-        self.ev13 = self.ev2 = None
+        for _, done in self.pending.values():
+            self.main.wait_event(done)
+        self.pending.clear()
 
 
 def _aux_stream(device: torch.device) -> torch.cuda.Stream:
@@ -136,7 +144,7 @@ def _wrap_activation(original: Callable, skip_marker: object) -> Callable:
         original(self, act, output, input, *args, **kwargs)
         ctx = getattr(self, "_lora_context", None)
         br = getattr(ctx, "_loraplex_branches", None) if ctx is not None else None
-        if br is not None and br.step is not skip_marker and br.ev2 is None:
+        if br is not None and br.step is not skip_marker and not br.down_forked:
             br.fork_down(output, ctx.w2_lora_b_stacked[0].shape[2])
     return activation
 
@@ -146,24 +154,14 @@ def join_gate_up(ctx, y2d: torch.Tensor):
     and adds its delta into ``y2d [M*K, N]``; returns the branch's step (or skip marker).
     ``None`` when the call was not forked."""
     br = getattr(ctx, "_loraplex_branches", None)
-    if br is None or br.ev13 is None:
-        return None
-    br.main.wait_event(br.ev13)
-    br.ev13 = None
-    y2d.add_(br.d13)
-    return br.step
+    return br.step if br is not None and br.join("gate_up", y2d) else None
 
 
 def join_down(ctx, y2d: torch.Tensor) -> bool:
     """In ``apply_w2_lora`` during a forked call: the main stream waits for the down branch
     and adds its delta into ``y2d [M*K, H]``; False when no down branch was forked."""
     br = getattr(ctx, "_loraplex_branches", None)
-    if br is None or br.ev2 is None:
-        return False
-    br.main.wait_event(br.ev2)
-    br.ev2 = None
-    y2d.add_(br.d2)
-    return True
+    return br is not None and br.join("down", y2d)
 
 
 def install(classes: tuple[type, ...], plan: Callable, skip_marker: object) -> None:

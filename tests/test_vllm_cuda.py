@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from kernels import vllm_cuda, vllm_cuda_warmup
+from tests.vllm_gpu import needs_vllm024_gpu
 
 
 @pytest.mark.parametrize("version", ["0.32.0", "0.23.1", "0.25.0", "1.0.0"])
@@ -32,17 +33,7 @@ def test_install_refuses_the_installed_vllm_unless_024():
         vllm_cuda.install()
 
 
-def _vllm024_gpu() -> bool:
-    if not torch.cuda.is_available():
-        return False
-    try:
-        import vllm
-    except ImportError:
-        return False
-    return vllm.__version__.startswith("0.24.")
-
-
-@pytest.mark.skipif(not _vllm024_gpu(), reason="needs a CUDA GPU with vLLM 0.24")
+@needs_vllm024_gpu
 @pytest.mark.parametrize("num_slices", [1, 2])
 @pytest.mark.parametrize("num_tokens", [3, 40, 300])
 def test_patched_methods_match_vllm(num_slices, num_tokens):
@@ -230,7 +221,7 @@ def test_compiles_after_the_warm_up_are_reported_and_chained(monkeypatch):
     assert [kw["key"] for kw in seen] == ["k0", "k1", "k2"]  # vLLM's hook still sees them all
 
 
-@pytest.mark.skipif(not _vllm024_gpu(), reason="needs a CUDA GPU with vLLM 0.24")
+@needs_vllm024_gpu
 @pytest.mark.parametrize("slices", [(4096, 512, 512), (2880,), (32,)], ids=["qkv", "o", "router"])
 @pytest.mark.parametrize("num_tokens", [1, 16, 300, 1616])
 @pytest.mark.parametrize("add_inputs", [True, False])

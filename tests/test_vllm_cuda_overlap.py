@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from kernels import vllm_cuda_overlap as overlap
+from tests.vllm_gpu import needs_vllm024_gpu
 
 
 class _Base:
@@ -49,17 +50,7 @@ def test_switch_is_off_unless_set(monkeypatch):
         assert overlap.enabled() is on
 
 
-def _vllm024_gpu() -> bool:
-    if not torch.cuda.is_available():
-        return False
-    try:
-        import vllm
-    except ImportError:
-        return False
-    return vllm.__version__.startswith("0.24.")
-
-
-@pytest.mark.skipif(not _vllm024_gpu(), reason="needs a CUDA GPU with vLLM 0.24")
+@needs_vllm024_gpu
 @pytest.mark.parametrize("num_tokens", [16, 40])
 def test_captured_layer_with_lora_branches_equals_the_sequential_call(monkeypatch, num_tokens):
     from types import SimpleNamespace
