@@ -164,20 +164,24 @@ def phases(args) -> list[tuple[str, list, int, int]]:
             ("decode", decode, args.decode_steps + 1, args.decode_steps)]
 
 
-def base_engine_passes(args, model) -> dict[str, tuple[dict, float]]:
-    """The phases on an engine without LoRA, in a child process (the GPU holds one engine at a
-    time): per phase, per-kernel ``(ms, launches)`` and wall ms."""
+def base_engine_passes() -> dict[str, tuple[dict, float]]:
+    """The phases on an engine without LoRA, in a child process run with this process's
+    arguments (the GPU holds one engine at a time): per phase, per-kernel ``(ms, launches)`` and
+    wall ms."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "base.json")
         cmd = [sys.executable, "-m", "benchmarks.gpu_step_profile", *sys.argv[1:],
                "--child-base", out]
         subprocess.run(cmd, check=True)
-        raw = json.load(open(out))
+        with open(out) as f:
+            raw = json.load(f)
     return {name: ({k: tuple(v) for k, v in kern.items()}, wall)
             for name, (kern, wall) in raw.items()}
 
 
 def child_base(args, model, out: str) -> None:
+    """``base_engine_passes``' child: the phases without adapters on a LoRA-less engine, written
+    to ``out`` as JSON."""
     llm = lora_engine(model, args.adapters, 32, eager=False, max_model_len=4096, lora=False)
     result = {}
     for name, batches, max_tokens, _ in phases(args):
@@ -211,7 +215,7 @@ def main() -> None:
     model = write_model_dir(args.workdir, args.mxfp4)
     if args.child_base:
         return child_base(args, model, args.child_base)
-    base = base_engine_passes(args, model) if args.base_engine else {}
+    base = base_engine_passes() if args.base_engine else {}
     paths = write_adapters(f"{args.workdir}/adapters", args.adapters, 32, 0.002)
     llm = lora_engine(model, args.adapters, 32, eager=False, max_model_len=4096)
     label = f"GPT-OSS-20B shape, {'MXFP4' if args.mxfp4 else 'bf16'} experts, {args.adapters} " \
