@@ -153,8 +153,10 @@ def run_m(m: int, lay: Layers, gen: torch.Generator, pw, copy_tbs: float) -> dic
     from kernels.moe_lora_align import align_moe_lora
 
     bm, naive = int(cfg["block_m"]), bool(cfg.get("naive"))
+    parallel = bool(cfg.get("align_parallel"))  # the sort the config runs
     t["align"] = 0.0 if naive else graph_us(
-        lambda: [align_moe_lora(ids[l], slot, enabled[:NL], E, bm) for l in range(n)], n)
+        lambda: [align_moe_lora(ids[l], slot, enabled[:NL], E, bm, parallel=parallel)
+                 for l in range(n)], n)
     p13 = [moe_lora_shrink(x, lay.a13[l], ops[l].blocks, TOPK, cfg["shrink13"]) for l in range(n)]
     p2 = [moe_lora_shrink(h, lay.a2[l], ops[l].blocks, 1, cfg["shrink2"]) for l in range(n)]
     t["s13"] = graph_us(lambda: [moe_lora_shrink(x, lay.a13[l], ops[l].blocks, TOPK,
