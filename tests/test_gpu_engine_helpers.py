@@ -130,3 +130,15 @@ def test_prefill_phase_packs_prompts_per_step_within_the_step_budget():
     assert decode[0] == "decode" and decode[3] == 4 and len(decode[1][0]) == 16
     with pytest.raises(SystemExit, match="exceeds the engine's 8192 tokens"):
         phases(Namespace(prompts=16, prompt_len=1600, prompts_per_step=6, decode_steps=4))
+
+
+@pytest.mark.parametrize("tokens,requests", [(16, 16), (1616, 2), (8192, 6)])
+def test_mapping_workload_is_one_adapter_per_request(tokens, requests):
+    from benchmarks.lora_mapping import workload
+
+    mapping, table = workload(tokens)
+    assert len(mapping.index_mapping) == tokens and len(mapping.prompt_mapping) == requests
+    assert set(mapping.prompt_mapping) <= set(table) | {0} and len(table) == 8
+    per_request = 1 if tokens < 256 else 1600
+    for t, lora_id in enumerate(mapping.index_mapping):
+        assert lora_id == mapping.prompt_mapping[min(t // per_request, requests - 1)]
