@@ -14,3 +14,10 @@ from adapters_registry.validation import ATTN_LEAVES, MLP_LEAVES
 
 NON_EXPERT_LORA_TARGETS: tuple[str, ...] = (*sorted(ATTN_LEAVES), "qkv_proj", *sorted(MLP_LEAVES))
 SERVED_LORA_TARGETS: tuple[str, ...] = (*NON_EXPERT_LORA_TARGETS, "experts")
+
+
+def default_lora_targets(moe_lora_plugin: bool, cpu: bool) -> list[str]:
+    """The engine's targets when the config names none: what the registry serves, except on
+    vLLM-CPU without loraplex's expert path, which has no expert LoRA (experts are then no
+    target; adapters carrying expert LoRA are refused by the engine deployment instead)."""
+    return list(NON_EXPERT_LORA_TARGETS if cpu and not moe_lora_plugin else SERVED_LORA_TARGETS)

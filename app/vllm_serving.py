@@ -21,7 +21,7 @@ import vllm
 from starlette.datastructures import State
 
 from app.config import EngineConfig
-from app.lora_targets import NON_EXPERT_LORA_TARGETS, SERVED_LORA_TARGETS
+from app.lora_targets import default_lora_targets
 
 logger = logging.getLogger(__name__)
 SUPPORTED_VLLM = ("0.24.", "0.32.")
@@ -75,14 +75,8 @@ def engine_kwargs(cfg: EngineConfig) -> dict[str, Any]:
     )
     if cfg.max_num_batched_tokens is not None:
         kw["max_num_batched_tokens"] = cfg.max_num_batched_tokens
-    if cfg.lora_target_modules is not None:
-        kw["lora_target_modules"] = cfg.lora_target_modules
-    elif not cfg.moe_lora_plugin and _is_cpu():
-        # vLLM-CPU has no expert LoRA of its own: without loraplex's path, experts are no target
-        # (adapters carrying expert LoRA are refused by the engine deployment instead).
-        kw["lora_target_modules"] = list(NON_EXPERT_LORA_TARGETS)
-    else:  # what the registry serves LoRA for: no router, embedding or LM-head LoRA ops
-        kw["lora_target_modules"] = list(SERVED_LORA_TARGETS)
+    kw["lora_target_modules"] = (cfg.lora_target_modules if cfg.lora_target_modules is not None
+                                 else default_lora_targets(cfg.moe_lora_plugin, _is_cpu()))
     kw.update(cfg.extra_engine_args)
     return kw
 

