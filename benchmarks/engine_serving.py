@@ -7,9 +7,10 @@ Runs (``--runs``, in order): ``base`` (LoRA off), ``loraplex`` (LoRA on, ``LORAP
 
 Workload per run (``benchmarks.serving_phases``): warm-up waves (at once, then staggered), then
 *burst* (``--conc`` requests at once, ``--burst-reps`` times; the last is reported, TPOT and
-TTFT) and *steady* (a closed loop of
-``--conc`` workers, ``--per-worker`` requests each, starts staggered over one burst; *window* =
-the requests that ran while every worker was active). Random prompt ids (``--in-len``),
+TTFT; each burst's prefill steps are listed below the table, recorded by
+``benchmarks.step_timeline``) and *steady* (a closed loop of ``--conc`` workers,
+``--per-worker`` requests each, starts staggered over one burst; *window* = the requests that
+ran while every worker was active). Random prompt ids (``--in-len``),
 ``--out-len`` tokens each (ignore_eos), temperature 1. TTFT from submit; TPOT = (last − first
 token time) / (tokens − 1).
 
@@ -71,6 +72,7 @@ async def one_engine(run: str, spec: dict, workload: Workload) -> dict:
     from vllm.v1.engine.async_llm import AsyncLLM
 
     from app.lora_targets import default_lora_targets
+    from benchmarks.step_timeline import recorder_factory
 
     lora = run != "base"
     # the LoRA runs wrap the modules loraplex's engines wrap, stock too
@@ -81,12 +83,14 @@ async def one_engine(run: str, spec: dict, workload: Workload) -> dict:
                            max_cpu_loras=len(spec["adapters"]), max_lora_rank=spec["rank"],
                            lora_target_modules=targets if lora else None,
                            **spec["engine"])
+    steps: list = []  # one record per engine step (benchmarks.step_timeline)
     t0 = time.perf_counter()
-    engine = AsyncLLM.from_engine_args(args)
+    engine = AsyncLLM.from_engine_args(args, stat_loggers=[recorder_factory(steps)])
     init_s = time.perf_counter() - t0
     requests = [LoRARequest(f"a{i}", i + 1, p) for i, p in enumerate(spec["adapters"])]
     try:
-        phases = await run_phases(engine, workload, requests if lora else [], spec["vocab"])
+        phases = await run_phases(engine, workload, requests if lora else [], spec["vocab"],
+                                  steps)
     finally:
         engine.shutdown()
     return {"run": run, "engine_init_s": init_s, "phases": phases}

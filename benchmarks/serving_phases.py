@@ -13,6 +13,8 @@ import statistics
 import time
 from dataclasses import dataclass
 
+from benchmarks.step_timeline import format_steps, prefill_steps
+
 
 @dataclass
 class Workload:
@@ -47,8 +49,12 @@ def summarize(recs: list[dict], t0: float, t1: float) -> dict:
             "out_tok_s": sum(r["n"] for r in recs) / max(t1 - t0, 1e-9)}
 
 
-async def run_phases(engine, w: Workload, lora_requests: list, vocab: tuple[int, int]) -> dict:
-    """Warm-up, ``w.burst_reps`` bursts and one steady phase; returns their summaries."""
+async def run_phases(engine, w: Workload, lora_requests: list, vocab: tuple[int, int],
+                     steps: list | None = None) -> dict:
+    """Warm-up, ``w.burst_reps`` bursts and one steady phase; returns their summaries.
+
+    ``steps``: the engine's step records (``benchmarks.step_timeline.StepRecorder``'s sink), if
+    it has one: each burst's summary then also lists its prefill steps (``prefill_steps``)."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
@@ -89,6 +95,9 @@ async def run_phases(engine, w: Workload, lora_requests: list, vocab: tuple[int,
     for k in range(w.burst_reps):
         recs, t0, t1 = await wave(w.out_len)
         phases[f"burst{k}"] = summarize(recs, t0, t1)
+        if steps is not None:
+            phases[f"burst{k}"]["prefill_steps"] = prefill_steps(
+                steps, t0, max(r["t_first"] for r in recs))
     burst_s = t1 - t0
     started: list[float] = []
 
@@ -132,3 +141,7 @@ def print_table(results: list[dict], title: str) -> None:
               f"| {s['ttft_ms_mean']:.0f} / {s['ttft_ms_p50']:.0f}"
               f"{ratio(r, 'steady', 'ttft_ms_p50')} / {s['ttft_ms_p90']:.0f} "
               f"| {s['out_tok_s']:.0f} | {r['engine_init_s']:.0f} |")
+    for r in results:  # where a burst's TTFT went: its prefill steps, ms each (first tokens)
+        for name, ph in r["phases"].items():
+            if "prefill_steps" in ph:
+                print(f"{r['run']} {name} prefill, {format_steps(ph['prefill_steps'])}")

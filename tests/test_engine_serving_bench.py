@@ -23,12 +23,16 @@ def test_base_and_loraplex_runs_side_by_side(tmp_path, capsys):
     for r in results:
         burst, steady = r["phases"]["burst0"], r["phases"]["steady"]
         assert burst["requests"] == 2 and steady["requests"] == 4  # 2 workers x 2 requests
+        # the burst's prefill steps (engine stat logger) gave each request its first token once
+        assert sum(s["first_tokens"] for s in burst["prefill_steps"]) == 2
+        assert all(s["ms"] > 0 for s in burst["prefill_steps"])
         for phase in (burst, steady):
             assert 0 < phase["ttft_ms_p50"] <= phase["ttft_ms_p90"]
             assert phase["tpot_ms_mean"] > 0 and phase["out_tok_s"] > 0
     table = capsys.readouterr().out
     assert "| base |" in table and "| loraplex |" in table
     assert "×)" in table.split("| loraplex |")[1]  # ratios against the base run
+    assert "loraplex burst0 prefill, " in table
 
 
 def test_unknown_run_is_refused():

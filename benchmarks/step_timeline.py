@@ -1,0 +1,80 @@
+"""The engine's steps as the front end sees them: a vLLM stat logger that records one entry per
+engine step, and the summary of a burst's prefill steps.
+
+vLLM's ``AsyncLLM`` hands every step's scheduler stats to its stat loggers (``stat_loggers=``
+in ``AsyncLLM.from_engine_args``; a custom logger turns stats on without vLLM's default
+loggers). ``StepRecorder`` keeps, per step, the front end's ``time.perf_counter()`` when the
+step's outputs arrived, the running and waiting request counts after it, and how many requests
+got their first token in it. The serving benchmark slices that list per phase: a burst's
+*prefill steps* are the steps from its submission until its last first token, so a step that
+stalls (a compile, a host-side hiccup) or an extra step shows as such, not only as a larger TTFT.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from vllm.v1.metrics.loggers import StatLoggerBase
+
+
+@dataclass
+class Step:
+    """One engine step: ``t`` front-end ``perf_counter`` seconds at its outputs' arrival;
+    ``running`` / ``waiting`` requests after it; ``first_tokens`` requests whose first token it
+    produced; ``new_tokens`` tokens it generated."""
+
+    t: float
+    running: int
+    waiting: int
+    first_tokens: int
+    new_tokens: int
+
+
+class StepRecorder(StatLoggerBase):
+    """Per-engine stat logger appending a ``Step`` per engine step to ``sink`` (shared list)."""
+
+    def __init__(self, vllm_config, engine_index: int = 0, sink: list[Step] | None = None):
+        self.sink = sink if sink is not None else []
+
+    def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
+        if scheduler_stats is None:  # stats come with every step once a logger asks for them
+            return
+        it = iteration_stats
+        self.sink.append(Step(time.perf_counter(), scheduler_stats.num_running_reqs,
+                              scheduler_stats.num_waiting_reqs,
+                              len(it.time_to_first_tokens_iter) if it is not None else 0,
+                              it.num_generation_tokens if it is not None else 0))
+
+    def log_engine_initialized(self):
+        pass
+
+
+def recorder_factory(sink: list[Step]):
+    """The ``stat_loggers`` entry for ``AsyncLLM``: builds a ``StepRecorder`` writing to
+    ``sink``."""
+    return lambda vllm_config, engine_index=0: StepRecorder(vllm_config, engine_index, sink)
+
+
+def prefill_steps(steps: list[Step], t_submit: float, t_last_first: float) -> list[dict]:
+    """The steps of a burst submitted at ``t_submit`` up to the one that gave its last first
+    token (arrived by ``t_last_first``): per step, ms since submission, its duration (ms since
+    the previous step, or since submission for the first), the requests it gave a first token,
+    and the waiting count after it."""
+    out, prev = [], t_submit
+    for s in steps:
+        if s.t <= t_submit:
+            continue
+        if s.t > t_last_first + 1e-3:
+            break
+        out.append({"at_ms": 1e3 * (s.t - t_submit), "ms": 1e3 * (s.t - prev),
+                    "first_tokens": s.first_tokens, "waiting": s.waiting})
+        prev = s.t
+    return out
+
+
+def format_steps(steps: list[dict]) -> str:
+    """``n steps: 131 (5), 128 (5), ...`` — each step's ms and, in brackets, the first tokens
+    it gave."""
+    return f"{len(steps)} steps: " + ", ".join(f"{s['ms']:.0f} ({s['first_tokens']})"
+                                               for s in steps)
