@@ -3,7 +3,9 @@ kernels vs adapters with vLLM's own (stock), each engine in a fresh process, thr
 ``AsyncLLM`` as a server drives it.
 
 Runs (``--runs``, in order): ``base`` (LoRA off), ``loraplex`` (LoRA on, ``LORAPLEX_MOE_LORA=1``),
-``stock`` (LoRA on, ``LORAPLEX_MOE_LORA=0``). Request i uses adapter i % adapters.
+``loraplex-overlap`` (the same with ``LORAPLEX_MOE_LORA_OVERLAP=1``: expert LoRA beside the base
+GEMM in CUDA graphs), ``stock`` (LoRA on, ``LORAPLEX_MOE_LORA=0``). Request i uses adapter
+i % adapters.
 
 Workload per run (``benchmarks.serving_phases``): warm-up waves (at once, then staggered), then
 *burst* (``--conc`` requests at once, ``--burst-reps`` times; the last is reported, TPOT and
@@ -34,7 +36,12 @@ from pathlib import Path
 
 from benchmarks.serving_phases import Workload, print_table, run_phases
 
-RUN_SWITCH = {"base": None, "loraplex": "1", "stock": "0"}
+# each run's environment: loraplex's switch (kernels.vllm_plugin) and its second-stream switch
+# (kernels.vllm_cuda_overlap); base sets neither (LoRA is off)
+RUN_ENV = {"base": {},
+           "loraplex": {"LORAPLEX_MOE_LORA": "1", "LORAPLEX_MOE_LORA_OVERLAP": "0"},
+           "loraplex-overlap": {"LORAPLEX_MOE_LORA": "1", "LORAPLEX_MOE_LORA_OVERLAP": "1"},
+           "stock": {"LORAPLEX_MOE_LORA": "0"}}
 
 
 def prepare(model: str, workdir: Path, max_graph: int = 64) -> dict:
@@ -130,9 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.burst_reps < 1 or args.per_worker < 1:
         ap.error("--burst-reps and --per-worker must be at least 1")
     runs = [r.strip() for r in args.runs.split(",") if r.strip()]
-    unknown = [r for r in runs if r not in RUN_SWITCH]
+    unknown = [r for r in runs if r not in RUN_ENV]
     if unknown:
-        ap.error(f"unknown runs {unknown}; choose from {sorted(RUN_SWITCH)}")
+        ap.error(f"unknown runs {unknown}; choose from {sorted(RUN_ENV)}")
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="loraplex-serving-"))
     workdir.mkdir(parents=True, exist_ok=True)
     spec = prepare(args.model, workdir, args.max_graph)
@@ -144,8 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     for run in runs:
         env = dict(os.environ, VLLM_WORKER_MULTIPROC_METHOD="fork", HF_HUB_OFFLINE="1",
                    **spec.get("env", {}))
-        if RUN_SWITCH[run] is not None:
-            env["LORAPLEX_MOE_LORA"] = RUN_SWITCH[run]
+        env.update(RUN_ENV[run])
         out, log = workdir / f"run_{run}.json", workdir / f"log_{run}.txt"
         with open(log, "w") as f:
             rc = subprocess.run([sys.executable, "-m", "benchmarks.engine_serving", "--child", run,
