@@ -3,9 +3,7 @@ kernels vs adapters with vLLM's own (stock), each engine in a fresh process, thr
 ``AsyncLLM`` as a server drives it.
 
 Runs (``--runs``, in order): ``base`` (LoRA off), ``loraplex`` (LoRA on, ``LORAPLEX_MOE_LORA=1``),
-``loraplex-overlap`` (the same with ``LORAPLEX_MOE_LORA_OVERLAP=1``: expert LoRA beside the base
-GEMM in CUDA graphs), ``stock`` (LoRA on, ``LORAPLEX_MOE_LORA=0``). Request i uses adapter
-i % adapters.
+``stock`` (LoRA on, ``LORAPLEX_MOE_LORA=0``). Request i uses adapter i % adapters.
 
 Workload per run (``benchmarks.serving_phases``): warm-up waves (at once, then staggered), then
 *burst* (``--conc`` requests at once, ``--burst-reps`` times; the last is reported, TPOT and
@@ -36,12 +34,8 @@ from pathlib import Path
 
 from benchmarks.serving_phases import Workload, print_table, run_phases
 
-# each run's environment: loraplex's switch (kernels.vllm_plugin) and its second-stream switch
-# (kernels.vllm_cuda_overlap); base sets neither (LoRA is off)
-RUN_ENV = {"base": {},
-           "loraplex": {"LORAPLEX_MOE_LORA": "1", "LORAPLEX_MOE_LORA_OVERLAP": "0"},
-           "loraplex-overlap": {"LORAPLEX_MOE_LORA": "1", "LORAPLEX_MOE_LORA_OVERLAP": "1"},
-           "stock": {"LORAPLEX_MOE_LORA": "0"}}
+# each run's environment: loraplex's switch (kernels.vllm_plugin); base leaves it (LoRA is off)
+RUN_ENV = {"base": {}, "loraplex": {"LORAPLEX_MOE_LORA": "1"}, "stock": {"LORAPLEX_MOE_LORA": "0"}}
 
 
 def prepare(model: str, workdir: Path, max_graph: int = 64) -> dict:

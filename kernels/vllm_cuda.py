@@ -17,13 +17,12 @@ comes from ``adapter_enabled`` (0 for an adapter without expert LoRA: its rows a
 
 ``install`` also warms the kernels up when vLLM sets up each MoE layer's LoRA
 (``kernels.vllm_cuda_warmup``); for MXFP4 experts it keeps vLLM's Triton MXFP4 GEMMs instead of
-its fallback to Marlin under LoRA (``kernels.vllm_cuda_mxfp4``); it runs the dense (attention,
+its fallback to Marlin under LoRA, without the unfused class's two row copies
+(``kernels.vllm_cuda_mxfp4``); it runs the dense (attention,
 router) LoRA through loraplex's ops too (``kernels.vllm_cuda_dense``); in steps without CUDA
 graphs it skips modules for which no adapter of the step has weights (``kernels.vllm_cuda_live``);
 it converts each step's per-token adapter ids to slots without vLLM's per-token Python loop
-(``kernels.vllm_cuda_mapping``); and with ``LORAPLEX_MOE_LORA_OVERLAP=1`` it runs each
-projection's expert LoRA beside its base GEMM on a second stream inside CUDA graphs
-(``kernels.vllm_cuda_overlap``).
+(``kernels.vllm_cuda_mapping``).
 
 Cases vLLM's own path keeps (the original methods are called): expert parallelism
 (``expert_map`` or a per-rank token map), fully sharded LoRA, tensor parallelism > 1, and
@@ -34,8 +33,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels import (vllm_cuda_dense, vllm_cuda_live, vllm_cuda_mapping, vllm_cuda_mxfp4,
-                     vllm_cuda_overlap)
+from kernels import vllm_cuda_dense, vllm_cuda_live, vllm_cuda_mapping, vllm_cuda_mxfp4
 from kernels.vllm_cuda_warmup import vllm_logger, warm_up_layer, watch_compiles
 SUPPORTED_PREFIX = "0.24."
 _SKIP = object()  # gate_up found no LoRA token: down skips too
@@ -106,14 +104,6 @@ def _gate_up(ctx, y2d: torch.Tensor, x: torch.Tensor, topk_ids: torch.Tensor,
                                    ctx.adapter_enabled[: ctx.max_loras], add_inputs=add_inputs)
 
 
-def _overlap_plan(experts, ctx, x, topk_ids, expert_map):
-    """``kernels.vllm_cuda_overlap``'s gate_up branch for a layer call, or None (sequential)."""
-    if (ctx.aux_stream is not None or experts.quant_dtype is not None or topk_ids.dim() != 2
-            or not _ours_applies(ctx, x, expert_map)):
-        return None
-    return lambda d13: _gate_up(ctx, d13, x, topk_ids)
-
-
 def _apply_w13_lora(self, lora_context, *, y, x, topk_ids, topk_weights, expert_map, w1, w2,
                     num_tokens, top_k_num, add_inputs=True):
     ctx = lora_context
@@ -122,10 +112,8 @@ def _apply_w13_lora(self, lora_context, *, y, x, topk_ids, topk_weights, expert_
             self, ctx, y=y, x=x, topk_ids=topk_ids, topk_weights=topk_weights,
             expert_map=expert_map, w1=w1, w2=w2, num_tokens=num_tokens, top_k_num=top_k_num,
             add_inputs=add_inputs)
-    y2d = y.view(num_tokens * top_k_num, -1)
-    step = vllm_cuda_overlap.join_gate_up(ctx, y2d) if add_inputs else None
-    if step is None:  # not forked beside the base GEMM: here, in vLLM's order
-        step = _gate_up(ctx, y2d, x, topk_ids.view(num_tokens, top_k_num), add_inputs)
+    step = _gate_up(ctx, y.view(num_tokens * top_k_num, -1), x,
+                    topk_ids.view(num_tokens, top_k_num), add_inputs)
     return step, None, None, None
 
 
@@ -144,26 +132,10 @@ def _apply_w2_lora(self, lora_context, *, y, x, topk_weights, sorted_token_ids_l
             num_tokens_post_padded_lora=num_tokens_post_padded_lora,
             token_lora_mapping=token_lora_mapping, num_tokens=num_tokens, w1=w1, w2=w2,
             top_k_num=top_k_num, add_inputs=add_inputs)
-    y2d = y.view(num_tokens * top_k_num, -1)
-    if add_inputs and vllm_cuda_overlap.join_down(lora_context, y2d):
-        return None
-    step.down(y2d, x.view(num_tokens * top_k_num, -1), topk_weights.view(num_tokens, top_k_num),
+    rows = num_tokens * top_k_num
+    step.down(y.view(rows, -1), x.view(rows, -1), topk_weights.view(num_tokens, top_k_num),
               add_inputs=add_inputs)
     return None
-
-
-def _overlap_classes() -> tuple[type, ...]:
-    """vLLM's expert classes whose ``apply`` calls the LoRA hooks in the order
-    ``kernels.vllm_cuda_overlap`` expects."""
-    from vllm.model_executor.layers.fused_moe.experts.triton_moe import TritonExperts
-
-    try:
-        from vllm.model_executor.layers.fused_moe.experts.gpt_oss_triton_kernels_moe import (
-            UnfusedOAITritonExperts,
-        )
-    except ImportError:  # no triton_kernels: no MXFP4 Triton experts either
-        return (TritonExperts,)
-    return TritonExperts, UnfusedOAITritonExperts
 
 
 def install() -> None:
@@ -189,8 +161,6 @@ def install() -> None:
     vllm_cuda_dense.install()
     vllm_cuda_live.install()
     vllm_cuda_mapping.install()
-    if vllm_cuda_overlap.enabled():
-        vllm_cuda_overlap.install(_overlap_classes(), _overlap_plan, _SKIP)
     watch_compiles()
     vllm_logger().info("MoE-LoRA Triton ops (loraplex) installed for vLLM %s", vllm.__version__)
 
@@ -209,4 +179,3 @@ def uninstall() -> None:
     vllm_cuda_dense.uninstall()
     vllm_cuda_live.uninstall()
     vllm_cuda_mapping.uninstall()
-    vllm_cuda_overlap.uninstall()

@@ -12,11 +12,26 @@ order because of a bug with MTP speculative decoding.
 LoRA is enabled, the backend is left on automatic, no activation quantisation is requested, no
 speculative decoding is configured and the unfused Triton class supports the configuration,
 that class is chosen; otherwise vLLM's own choice stands. An explicit ``moe_backend`` always wins.
+
+``install`` also replaces that class's ``apply`` by ``_apply_pair_order``: the same two
+``matmul_ogs`` GEMMs, activation, LoRA hooks and top-k sum, without vLLM's two row gathers.
+vLLM's version writes the w13 GEMM's rows in expert-sorted order, copies them to token-pair order
+for the LoRA hook and the activation (``y[gather.dst_indx]``, a ``[M*K, N]`` copy), then copies
+the activation back to sorted order for the w2 GEMM (``[M*K, N/2]``). Here ``matmul_ogs`` does
+both moves inside the GEMMs, as it does for the fused path: the w13 GEMM gathers its input rows
+from the token ids of the sorted rows and scatters its output rows to their pair positions
+(``n_expts_act = 1``: no fused top-k sum), and the w2 GEMM gathers its input rows from the pair
+positions. Every tensor the LoRA hooks, the activation and ``moe_sum`` see is the same as in
+vLLM's version, row for row. Expert parallelism (``expert_map``) and router weights applied to
+the input keep vLLM's own ``apply``.
 """
 
 from __future__ import annotations
 
+import torch
+
 _original = None
+_original_apply = None
 
 
 def _lora_choice(config, activation_key):
@@ -42,20 +57,90 @@ def _select(config, activation_key=None):
     return _lora_choice(config, activation_key) or _original(config, activation_key)
 
 
+def _oai():
+    """vLLM 0.24's module of the Triton MXFP4 experts: ``matmul_ogs``, ``_resize_cache``,
+    ``FUSED_MOE_UNQUANTIZED_CONFIG`` and the experts classes."""
+    from vllm.model_executor.layers.fused_moe.experts import gpt_oss_triton_kernels_moe
+
+    return gpt_oss_triton_kernels_moe
+
+
+def _unfused_class():
+    """vLLM's ``UnfusedOAITritonExperts`` (None without ``triton_kernels``)."""
+    from vllm.utils.import_utils import has_triton_kernels
+
+    return _oai().UnfusedOAITritonExperts if has_triton_kernels() else None
+
+
+def _apply_pair_order(self, output, hidden_states, w1, w2, topk_weights, topk_ids, activation,
+                      global_num_experts, expert_map, a1q_scale, a2_scale, workspace13,
+                      workspace2, expert_tokens_meta, apply_router_weight_on_input):
+    """``UnfusedOAITritonExperts.apply`` without the two row-gather copies (module docstring).
+
+    ``hidden_states [M, H]`` bf16, ``w1`` / ``w2`` MXFP4 experts, ``topk_ids`` /
+    ``topk_weights [M, K]``; ``output [M, H]``. Rows of ``y13 [M*K, N]``, ``act [M*K, N']`` and
+    ``y2 [M*K, H]`` are token-pair ordered (row ``t*K + k``), as vLLM's LoRA hooks expect."""
+    if expert_map is not None or apply_router_weight_on_input:
+        return _original_apply(self, output, hidden_states, w1, w2, topk_weights, topk_ids,
+                               activation, global_num_experts, expert_map, a1q_scale, a2_scale,
+                               workspace13, workspace2, expert_tokens_meta,
+                               apply_router_weight_on_input)
+    oai = _oai()
+    quant = self.quant_config or oai.FUSED_MOE_UNQUANTIZED_CONFIG
+    m, hidden = hidden_states.shape
+    n = w1.shape[2]
+    top_k = topk_ids.size(1)
+    rows = m * top_k
+    routing, gather, scatter = self._make_routing_data(topk_ids, topk_weights, w1.shape[0])
+    routing.n_expts_act = 1  # one output row per (token, expert) pair: no fused top-k sum
+    # sorted row r reads token src_indx[r] // K (-1 padding stays in range, as in the kernel)
+    token_gather = type(gather)(src_indx=torch.div(gather.src_indx, top_k, rounding_mode="trunc"),
+                                dst_indx=gather.dst_indx)
+    y13 = oai._resize_cache(workspace2, (1, rows, n))
+    act = oai._resize_cache(workspace13, (rows, self.adjust_N_for_activation(n, activation)))
+    y2 = oai._resize_cache(workspace2, (1, rows, hidden))  # y13 is dead once act is written
+    oai.matmul_ogs(hidden_states, w1, quant.w1_bias, routing, gather_indx=token_gather,
+                   scatter_indx=scatter, precision_config=quant.w1_precision, y=y13)
+    y13 = y13.view(rows, n)
+    lora = self._lora_context
+    step = (None, None, None, None)
+    if lora is not None:
+        step = self.apply_w13_lora(lora, y=y13, x=hidden_states, topk_ids=topk_ids,
+                                   topk_weights=topk_weights, expert_map=None, w1=w1, w2=w2,
+                                   num_tokens=m, top_k_num=top_k)
+    self.activation(activation, act, y13)
+    oai.matmul_ogs(act, w2, quant.w2_bias, routing, gather_indx=gather, scatter_indx=scatter,
+                   precision_config=quant.w2_precision, gammas=routing.gate_scal, y=y2)
+    if lora is not None:
+        self.apply_w2_lora(lora, y=y2.view(m, top_k, hidden), x=act, topk_weights=topk_weights,
+                           sorted_token_ids_lora=step[0], expert_ids_lora=step[1],
+                           num_tokens_post_padded_lora=step[2], token_lora_mapping=step[3],
+                           num_tokens=m, w1=w1, w2=w2, top_k_num=top_k)
+    self.moe_sum(y2.view(m, top_k, hidden), output)
+
+
 def install() -> None:
-    """Wraps ``select_mxfp4_moe_backend`` as the MXFP4 method looks it up (idempotent)."""
-    global _original
+    """Wraps ``select_mxfp4_moe_backend`` as the MXFP4 method looks it up and replaces the
+    unfused Triton class's ``apply`` (idempotent)."""
+    global _original, _original_apply
     from vllm.model_executor.layers.quantization import mxfp4
 
     if _original is None:
         _original = mxfp4.select_mxfp4_moe_backend
         mxfp4.select_mxfp4_moe_backend = _select
+    cls = _unfused_class()
+    if cls is not None and _original_apply is None:
+        _original_apply = cls.apply
+        cls.apply = _apply_pair_order
 
 
 def uninstall() -> None:
-    global _original
+    global _original, _original_apply
     from vllm.model_executor.layers.quantization import mxfp4
 
     if _original is not None:
         mxfp4.select_mxfp4_moe_backend = _original
         _original = None
+    if _original_apply is not None:
+        _unfused_class().apply = _original_apply
+        _original_apply = None
