@@ -35,7 +35,8 @@ from pathlib import Path
 from benchmarks.serving_phases import Workload, print_table, run_phases
 
 # each run's environment: loraplex's switch (kernels.vllm_plugin); base leaves it (LoRA is off)
-RUN_ENV = {"base": {}, "loraplex": {"LORAPLEX_MOE_LORA": "1"}, "stock": {"LORAPLEX_MOE_LORA": "0"}}
+RUN_ENV = {"base": {}, "loraplex": {"LORAPLEX_MOE_LORA": "1"},
+           "stock": {"LORAPLEX_MOE_LORA": "0"}}
 
 
 def prepare(model: str, workdir: Path, max_graph: int = 64) -> dict:

@@ -188,6 +188,9 @@ def child_base(args, model, out: str) -> None:
         result[name] = profile_pass(llm, batches, max_tokens, False, [])
     with open(out, "w") as f:
         json.dump(result, f)
+    if args.cprofile:  # the base engine's host time, printed here (same output stream)
+        host_profile(llm, phases(args)[0][1], [], args.cprofile, args.cprofile_dir,
+                     passes=(("LoRA off", False),))
 
 
 def main() -> None:
@@ -203,7 +206,8 @@ def main() -> None:
                          "what the adapters add against it")
     ap.add_argument("--top", type=int, default=12)
     ap.add_argument("--cprofile", type=int, default=0, metavar="N",
-                    help="also profile the prefill passes' Python (host) time: top N functions")
+                    help="also profile the prefill passes' Python (host) time: top N functions "
+                         "(with --base-engine also the LoRA-off engine's)")
     ap.add_argument("--cprofile-dir", default=None,
                     help="with --cprofile: also write the raw stats (pstats files) here")
     ap.add_argument("--child-base", default=None, help=argparse.SUPPRESS)
@@ -239,23 +243,24 @@ def main() -> None:
             json.dump(report, f, indent=1)
 
 
-def host_profile(llm, batches, paths, top: int, dump_dir: str | None = None) -> dict:
-    """The prefill passes (with adapters, then none) under ``cProfile``: where the host's time
-    goes in a step that runs without CUDA graphs. Prints the top functions by own time and by
-    cumulative time; ``dump_dir``: also the raw stats, ``prefill_{with,without}.pstats``."""
+def host_profile(llm, batches, paths, top: int, dump_dir: str | None = None,
+                 passes=(("with adapters", True), ("without", False))) -> dict:
+    """The prefill passes (``(label, with adapters)`` each) under ``cProfile``: where the host's
+    time goes in a step that runs without CUDA graphs. Prints the top functions by own time and
+    by cumulative time; ``dump_dir``: also the raw stats, ``prefill_<label>.pstats``."""
     import cProfile
     import io
     import pstats
 
     out = {}
-    for label, loras in (("with adapters", True), ("without", False)):
+    for label, loras in passes:
         prof = cProfile.Profile()
         prof.enable()
         run_batches(llm, batches, 1, loras, paths)
         prof.disable()
         if dump_dir:
             os.makedirs(dump_dir, exist_ok=True)
-            prof.dump_stats(os.path.join(dump_dir, f"prefill_{label.split()[0]}.pstats"))
+            prof.dump_stats(os.path.join(dump_dir, f"prefill_{label.replace(' ', '_')}.pstats"))
         for order in ("tottime", "cumulative"):
             buf = io.StringIO()
             pstats.Stats(prof, stream=buf).sort_stats(order).print_stats(top)
