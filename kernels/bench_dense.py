@@ -30,12 +30,14 @@ SHAPES = {"qkv": (2880, (4096, 512, 512)), "o": (4096, (2880,)), "router": (2880
 SLOTS, RANK = 8, 32
 
 
-def _stacks(n_layers: int, k: int, slices, gen):
+def random_stacks(n_layers: int, k: int, slices, gen, slots: int = SLOTS, rank: int = RANK):
+    """``n_layers`` layers' (A per slice ``[L, 1, r, k]``, B per slice ``[L, 1, n, r]``) in
+    bf16 on the GPU, random (std 1/sqrt(fan-in))."""
     def rnd(*shape, std):
         return torch.empty(shape, dtype=torch.bfloat16, device="cuda").normal_(0.0, std,
                                                                              generator=gen)
-    return [(tuple(rnd(SLOTS, 1, RANK, k, std=k**-0.5) for _ in slices),
-             tuple(rnd(SLOTS, 1, n, RANK, std=RANK**-0.5) for n in slices))
+    return [(tuple(rnd(slots, 1, rank, k, std=k**-0.5) for _ in slices),
+             tuple(rnd(slots, 1, n, rank, std=rank**-0.5) for n in slices))
             for _ in range(n_layers)]
 
 
@@ -69,7 +71,7 @@ def run_case(name: str, m: int, n_layers: int, pw, gen, copy_tbs: float,
     from kernels import vllm_cuda_dense
 
     k, slices = SHAPES[name]
-    layers = _stacks(n_layers, k, slices, gen)
+    layers = random_stacks(n_layers, k, slices, gen)
     x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda", generator=gen)
     y = torch.zeros(m, sum(slices), dtype=torch.bfloat16, device="cuda")
     lora = torch.arange(m, device="cuda", dtype=torch.int32) % SLOTS

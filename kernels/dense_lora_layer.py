@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import torch
 
+from kernels.dense_lora_configs import layer_dense_config, warm_up_configs
 from kernels.dense_lora_groups import TokenGroups
 from kernels.triton_dense_lora import (DenseLoRAConfig, as_3d, expand_with_plan,
                                        shrink_with_plan)
@@ -34,6 +35,20 @@ class DenseLoRALayer:
         self.in_features = self.a[0].shape[-1]
         self.aligned = aligned16(*self.a, *self.b)
         self._calls = PlanTable(self.MAX_CALLS)
+        dev = self.a[0].device
+        index = (dev.index if dev.index is not None else torch.cuda.current_device()) \
+            if dev.type == "cuda" else None
+        # (in_features, out features per slice, rank, slots, CUDA device index): config lookup
+        self.shape = (self.in_features, tuple(t.shape[-2] for t in self.b), self.a[0].shape[-2],
+                      self.a[0].shape[0], index)
+
+    def config(self, m: int) -> DenseLoRAConfig:
+        """The tiles for ``m`` tokens (``kernels.dense_lora_configs``: tuned or heuristic)."""
+        return layer_dense_config(m, *self.shape)
+
+    def warm_up_configs(self) -> list[tuple[int, DenseLoRAConfig]]:
+        """``[(M, config)]`` covering every config this layer can run with."""
+        return warm_up_configs(*self.shape)
 
     def __call__(self, y: torch.Tensor, x: torch.Tensor, groups: TokenGroups,
                  cfg: DenseLoRAConfig, scale: float = 1.0, add_inputs: bool = True,

@@ -92,23 +92,43 @@ def dump_layer_config(cfg: dict) -> dict:
     return out
 
 
+def open_config_file(path: Path, device_name: str) -> dict:
+    """A device's config file as a dict to update (a new one if ``path`` does not exist)."""
+    if path.is_file():
+        return json.loads(path.read_text())
+    return {"device": device_name, "provenance": {}, "shapes": {}}
+
+
+def save_config_file(path: Path, data: dict) -> None:
+    """Writes a device's config file (sorted keys: stable diffs)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+
+
 @functools.lru_cache(maxsize=None)
-def _load_device_file(slug: str) -> dict:
-    path = CONFIG_DIR / f"moe_lora_{slug}.json"
+def load_device_file(prefix: str, slug: str) -> dict:
+    """``shapes`` of ``kernels/configs/<prefix>_<slug>.json`` (empty when there is none):
+    shape key -> {M bucket (str) -> raw config}."""
+    path = CONFIG_DIR / f"{prefix}_{slug}.json"
     if not path.is_file():
         return {}
     return json.loads(path.read_text()).get("shapes", {})
 
 
-@functools.lru_cache(maxsize=4096)
-def _lookup(slug: str, key: str, num_tokens: int) -> dict | None:
-    buckets = _load_device_file(slug).get(key)
+def pick_bucket(buckets: dict, num_tokens: int):
+    """The entry of the largest M bucket not above ``num_tokens`` (the smallest bucket's when
+    ``num_tokens`` is below all; None when there is none)."""
     if not buckets:
         return None
     ms = sorted(int(m) for m in buckets)
     below = [m for m in ms if m <= num_tokens]
-    chosen = below[-1] if below else ms[0]
-    return parse_layer_config(buckets[str(chosen)])
+    return buckets[str(below[-1] if below else ms[0])]
+
+
+@functools.lru_cache(maxsize=4096)
+def _lookup(slug: str, key: str, num_tokens: int) -> dict | None:
+    raw = pick_bucket(load_device_file("moe_lora", slug).get(key), num_tokens)
+    return None if raw is None else parse_layer_config(raw)
 
 
 @functools.lru_cache(maxsize=8192)  # called per layer and step: the result is read only
@@ -119,7 +139,7 @@ def get_layer_config(num_tokens: int, *, hidden: int, intermediate: int, num_exp
     dev = torch.device(device) if device is not None else None
     if dev is not None and dev.type == "cuda":
         index = dev.index if dev.index is not None else torch.cuda.current_device()
-        found = _lookup(_device_slug_of(index), shape_key(hidden, intermediate, num_experts,
+        found = _lookup(device_slug_of(index), shape_key(hidden, intermediate, num_experts,
                                                           top_k, rank, num_slots), num_tokens)
         if found is not None:
             return found
@@ -137,14 +157,15 @@ def tuned_layer_configs(*, hidden: int, intermediate: int, num_experts: int, top
     if dev is None or dev.type != "cuda":
         return []
     index = dev.index if dev.index is not None else torch.cuda.current_device()
-    buckets = _load_device_file(_device_slug_of(index)).get(
+    buckets = load_device_file("moe_lora", device_slug_of(index)).get(
         shape_key(hidden, intermediate, num_experts, top_k, rank, num_slots), {})
     return [(int(m), parse_layer_config(raw)) for m, raw in sorted(buckets.items(),
                                                                    key=lambda kv: int(kv[0]))]
 
 
 @functools.lru_cache(maxsize=None)
-def _device_slug_of(index: int) -> str:
+def device_slug_of(index: int) -> str:
+    """``device_slug`` of CUDA device ``index`` (cached)."""
     return device_slug(torch.cuda.get_device_name(index))
 
 

@@ -33,7 +33,9 @@ from kernels.triton_moe_lora_configs import (
     OpConfig,
     device_slug,
     dump_layer_config,
+    open_config_file,
     parse_layer_config,
+    save_config_file,
     shape_key,
 )
 
@@ -286,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     name = torch.cuda.get_device_name(0)
     key = shape_key(p.h, p.i, p.e, p.k, p.rank, p.slots)
     path = Path(args.out) / f"moe_lora_{device_slug(name)}.json"
-    data = json.loads(path.read_text()) if path.is_file() else {"device": name, "shapes": {}}
+    data = open_config_file(path, name)
     import triton
 
     run = {"date": time.strftime("%Y-%m-%d", time.gmtime()), "torch": torch.__version__,
@@ -311,8 +313,7 @@ def main(argv: list[str] | None = None) -> int:
             cfg, rep = tune_m(p, m, gen, SPACES[args.space])
         buckets[str(m)] = dump_layer_config(cfg)
         reports[str(m)] = rep
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+        save_config_file(path, data)
         log(f"[{time.time() - t0:.0f}s] M={m} done -> {path}")
         torch.cuda.empty_cache()
     if args.report:

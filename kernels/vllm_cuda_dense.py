@@ -15,7 +15,9 @@ graphs their programs exit at once, reading a per-module slot mask (``kernels.vl
 Neither when the op overwrites (``add_inputs=False``): those rows must still be written.
 
 Per layer shape the first call (vLLM's profile run, before graph capture and serving) compiles every
-variant the batch-size buckets can launch, so no compile happens while serving. Cases vLLM's
+variant the batch-size buckets can launch (tiles tuned per device in
+``kernels/configs/dense_lora_<device>.json``, else heuristic: ``kernels.dense_lora_configs``), so
+no compile happens while serving. Cases vLLM's
 own path keeps: more than three slices, dtypes other than bf16/fp16, non-CUDA tensors.
 """
 
@@ -26,8 +28,6 @@ import torch
 from kernels import vllm_cuda_live
 from kernels.vllm_cuda_warmup import compiling_on_purpose, vllm_logger
 
-# one representative M per config bucket of ``triton_dense_lora.dense_config``
-WARM_UP_MS = (1, 65, 513, 4097)
 _originals: dict[str, object] = {}
 # (A data_ptr, B data_ptr, slices) -> warmed-up layer (``DenseLoRALayer``: 3-D views of the
 # stacks, nothing copied, its launch pairs kept per token count)
@@ -67,7 +67,7 @@ def _warm_up(layer) -> bool:
     """Compiles the variants of every M bucket for this layer (zero inputs, scratch output);
     never under CUDA-graph capture (returns False then)."""
     from kernels.dense_lora_groups import group_tokens
-    from kernels.triton_dense_lora import dense_config, dense_lora_expand, dense_lora_shrink
+    from kernels.triton_dense_lora import dense_lora_expand, dense_lora_shrink
     from kernels.triton_lora_common import pdl_supported
 
     dev = layer.a[0].device
@@ -78,10 +78,9 @@ def _warm_up(layer) -> bool:
     out = sum(t.shape[-2] for t in layer.b)
     live = torch.ones(slots, dtype=torch.int32, device=dev)
     with compiling_on_purpose():
-        for m in WARM_UP_MS:
+        for m, cfg in layer.warm_up_configs():
             groups = group_tokens(torch.arange(m, device=dev, dtype=torch.int32) % slots,
                                   slots + 1)
-            cfg = dense_config(m, layer.in_features, len(layer.a))
             x = torch.zeros(m, layer.in_features, dtype=dtype, device=dev)
             y = torch.zeros(m, out, dtype=dtype, device=dev)
             pdl = pdl_supported(x)
@@ -104,7 +103,6 @@ def dense_lora_linear(y: torch.Tensor, x: torch.Tensor, lora_a: list[torch.Tenso
     torch.compile): ``y [M, >=sum(N)] (+)= scale * x [M, in] A_i^T B_i^T`` per slice for the
     tokens grouped by slot in the metadata; nothing when the step has no adapter."""
     from kernels.dense_lora_groups import TokenGroups
-    from kernels.triton_dense_lora import dense_config
     from kernels.triton_lora_common import pdl_supported
 
     if bool(no_lora_flag_cpu.item()):  # a CPU tensor: no device sync
@@ -117,8 +115,7 @@ def dense_lora_linear(y: torch.Tensor, x: torch.Tensor, lora_a: list[torch.Tenso
     layer = _layer(lora_a, lora_b)
     m = x.shape[0]
     groups = TokenGroups(sorted_idx, group_slot, group_ntok, group_start, m)
-    cfg = dense_config(m, layer.in_features, len(layer.a))
-    layer(y, x, groups, cfg, scale, add_inputs, pdl_supported(x), live)
+    layer(y, x, groups, layer.config(m), scale, add_inputs, pdl_supported(x), live)
 
 
 def _dense_lora_linear_fake(y, x, lora_a, lora_b, scale, add_inputs, sorted_idx, group_slot,

@@ -1,0 +1,69 @@
+"""Tuned dense LoRA tiles: the tuner's choice (``kernels.tune_dense.tune_bucket``, on a synthetic
+cost surface here; timed on the GPU machine), the device file it writes, and the lookup the
+engine's dense LoRA layers make (``kernels.dense_lora_configs``), falling back to the heuristic
+for shapes and devices without tuned tiles."""
+
+from __future__ import annotations
+
+import pytest
+
+from kernels import dense_lora_configs, triton_moe_lora_configs
+from kernels.dense_lora_configs import (dense_shape_key, dump_dense_config, layer_dense_config,
+                                        warm_up_configs)
+from kernels.triton_dense_lora import DenseLoRAConfig, dense_config
+from kernels.tune_dense import block_ms, shrink_tiles, tune_bucket
+
+QKV = (2880, (4096, 512, 512), 32, 8)
+
+
+def test_tuner_picks_the_cheapest_tiles_of_a_cost_surface():
+    # shrink cheapest at block_k 128 / split_k 4 with 8 warps and block_m 64; expand at 256
+    def timer(kind, c: DenseLoRAConfig) -> float:
+        if kind == "shrink":
+            return (abs(c.block_k - 128) / 64 + abs(c.split_k - 4) + (c.num_warps == 4)
+                    + abs(c.block_m - 64) / 32 + 10.0)
+        assert (c.block_k, c.split_k) == (128, 4)  # expand runs on the best shrink's partials
+        return abs(c.block_n - 256) / 64 + abs(c.block_m - 64) / 16 + 5.0
+
+    cfg, report = tune_bucket(2048, 2880, timer)
+    assert cfg == DenseLoRAConfig(block_m=64, block_k=128, split_k=4, block_n=256, num_warps=8)
+    assert report["tuned_us"] == 15.0
+    assert set(report) == {f"bm{bm}_w{w}" for bm in (32, 64, 128) for w in (4, 8)} | {"tuned_us"}
+
+
+def test_search_space_bounds():
+    assert block_ms(16) == (16,) and 128 in block_ms(8192)
+    assert all(bk * sk <= 512 for bk, sk in shrink_tiles(512)) and (256, 2) in shrink_tiles(512)
+    assert (256, 4) not in shrink_tiles(512)
+
+
+@pytest.fixture
+def device_file(tmp_path, monkeypatch):
+    """A config directory holding ``dense_lora_TEST_GPU.json``; device index 0 is that GPU."""
+    monkeypatch.setattr(triton_moe_lora_configs, "CONFIG_DIR", tmp_path)
+    monkeypatch.setattr(dense_lora_configs, "device_slug_of", lambda index: "TEST_GPU")
+    for fn in (triton_moe_lora_configs.load_device_file, layer_dense_config):
+        fn.cache_clear()
+    tuned = {16: DenseLoRAConfig(16, 128, 8, 128, 4), 1024: DenseLoRAConfig(64, 64, 2, 256, 8)}
+    data = triton_moe_lora_configs.open_config_file(tmp_path / "dense_lora_TEST_GPU.json",
+                                                    "Test GPU")
+    data["shapes"][dense_shape_key(*QKV)] = {str(m): dump_dense_config(c)
+                                             for m, c in tuned.items()}
+    triton_moe_lora_configs.save_config_file(tmp_path / "dense_lora_TEST_GPU.json", data)
+    yield tuned
+    for fn in (triton_moe_lora_configs.load_device_file, layer_dense_config):
+        fn.cache_clear()
+
+
+def test_lookup_takes_the_largest_tuned_bucket_not_above_m(device_file):
+    assert layer_dense_config(1, *QKV, 0) == device_file[16]  # below all: the smallest
+    assert layer_dense_config(1000, *QKV, 0) == device_file[16]
+    assert layer_dense_config(8192, *QKV, 0) == device_file[1024]
+    assert warm_up_configs(*QKV, 0) == [(16, device_file[16]), (1024, device_file[1024])]
+
+
+def test_untuned_shape_or_device_uses_the_heuristic(device_file):
+    o_shape = (4096, (2880,), 32, 8)
+    assert layer_dense_config(1616, *o_shape, 0) == dense_config(1616, 4096, 1)
+    assert layer_dense_config(1616, *QKV, None) == dense_config(1616, 2880, 3)
+    assert [m for m, _ in warm_up_configs(*o_shape, 0)] == list(dense_lora_configs.HEURISTIC_MS)
