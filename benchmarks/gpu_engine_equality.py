@@ -106,7 +106,7 @@ def main() -> None:
     print(f"adapters ready in {time.perf_counter() - t:.1f}s", flush=True)
     os.environ[SWITCH_ENV] = "0"  # the plugin leaves vLLM stock; this script switches
     if args.mxfp4:  # both passes on the same base GEMMs: the plugin's MXFP4 backend choice
-        vllm_cuda_mxfp4.install()
+        vllm_cuda_mxfp4.install_backend_choice()  # (the stock passes keep vLLM's own apply)
     llm = lora_engine(model, args.adapters, args.rank, eager=True, max_model_len=2048)
     prompts = random_prompts(args.prompts, args.prompt_len)
     loras = adapter_requests(paths, args.prompts)

@@ -119,15 +119,22 @@ def _apply_pair_order(self, output, hidden_states, w1, w2, topk_weights, topk_id
     self.moe_sum(y2.view(m, top_k, hidden), output)
 
 
-def install() -> None:
-    """Wraps ``select_mxfp4_moe_backend`` as the MXFP4 method looks it up and replaces the
-    unfused Triton class's ``apply`` (idempotent)."""
-    global _original, _original_apply
+def install_backend_choice() -> None:
+    """Wraps ``select_mxfp4_moe_backend`` as the MXFP4 method looks it up (idempotent): vLLM's
+    own unfused ``apply`` on the Triton MXFP4 GEMMs (stock passes of the equality benchmark)."""
+    global _original
     from vllm.model_executor.layers.quantization import mxfp4
 
     if _original is None:
         _original = mxfp4.select_mxfp4_moe_backend
         mxfp4.select_mxfp4_moe_backend = _select
+
+
+def install() -> None:
+    """``install_backend_choice`` and the unfused Triton class's ``apply`` replaced by
+    ``_apply_pair_order`` (idempotent)."""
+    global _original_apply
+    install_backend_choice()
     cls = _unfused_class()
     if cls is not None and _original_apply is None:
         _original_apply = cls.apply
