@@ -15,7 +15,6 @@ Run on the GPU machine: ``python -m kernels.tune [--model gpt-oss-20b|qwen3-30b-
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import sys
@@ -25,7 +24,7 @@ from pathlib import Path
 import torch
 
 from kernels.cuda_timing import graph_us as _graph_us
-from kernels.cuda_timing import log
+from kernels.cuda_timing import log, tuner_arguments, tuner_run
 from kernels.moe_lora_align import PARALLEL_CHUNK, align_moe_lora
 from kernels.triton_moe_lora import moe_lora_expand, moe_lora_shrink
 from kernels.triton_moe_lora_configs import (
@@ -268,14 +267,7 @@ def decide_only(p: Problem, m: int, gen: torch.Generator, cfg: dict, what: str
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="gpt-oss-20b", choices=sorted(MODELS))
-    ap.add_argument("--ms", default=MS_DEFAULT)
-    ap.add_argument("--layers", type=int, default=16)
-    ap.add_argument("--slots", type=int, default=8)
-    ap.add_argument("--rank", type=int, default=32)
-    ap.add_argument("--out", default=str(CONFIG_DIR))
-    ap.add_argument("--report", default=None, help="JSON file for all timings")
+    ap = tuner_arguments(__doc__.splitlines()[0], MODELS, MS_DEFAULT, str(CONFIG_DIR))
     ap.add_argument("--space", default="full", choices=sorted(SPACES),
                     help="tile configs to time per op (small: a third fewer)")
     ap.add_argument("--only", choices=("fused", "align"), default=None,
@@ -289,13 +281,10 @@ def main(argv: list[str] | None = None) -> int:
     key = shape_key(p.h, p.i, p.e, p.k, p.rank, p.slots)
     path = Path(args.out) / f"moe_lora_{device_slug(name)}.json"
     data = open_config_file(path, name)
-    import triton
-
-    run = {"date": time.strftime("%Y-%m-%d", time.gmtime()), "torch": torch.__version__,
-           "triton": triton.__version__, "layers": args.layers,
-           "command": f"python -m kernels.tune --model {args.model} --ms {args.ms} "
-                      f"--layers {args.layers} --slots {args.slots} --rank {args.rank} "
-                      + (f"--only {args.only}" if args.only else f"--space {args.space}")}
+    run = tuner_run(f"python -m kernels.tune --model {args.model} --ms {args.ms} "
+                    f"--layers {args.layers} --slots {args.slots} --rank {args.rank} "
+                    + (f"--only {args.only}" if args.only else f"--space {args.space}"),
+                    args.layers)
     provenance = data.setdefault("provenance", {})
     if args.only:
         provenance.setdefault(key, {})[f"{args.only}_decided_by"] = run

@@ -14,7 +14,6 @@ Run on the GPU machine: ``python -m kernels.tune_dense [--model gpt-oss-20b|qwen
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from collections.abc import Callable
@@ -100,21 +99,13 @@ def gpu_timer(in_features: int, outs: tuple[int, ...], m: int, n_layers: int, sl
 
 
 def main(argv: list[str] | None = None) -> int:
-    from kernels.cuda_timing import log
+    from kernels.cuda_timing import log, tuner_arguments, tuner_run
     from kernels.triton_moe_lora_configs import (CONFIG_DIR, device_slug, open_config_file,
                                                  save_config_file)
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="gpt-oss-20b", choices=sorted(MODELS))
+    ap = tuner_arguments(__doc__.splitlines()[0], MODELS, MS_DEFAULT, str(CONFIG_DIR))
     ap.add_argument("--ops", default=None, help="default: all of the model's (qkv,o)")
-    ap.add_argument("--ms", default=MS_DEFAULT)
-    ap.add_argument("--layers", type=int, default=16)
-    ap.add_argument("--slots", type=int, default=8)
-    ap.add_argument("--rank", type=int, default=32)
-    ap.add_argument("--out", default=str(CONFIG_DIR))
-    ap.add_argument("--report", default=None, help="JSON file for all timings")
     args = ap.parse_args(argv)
-    import triton
 
     gen = torch.Generator(device="cuda").manual_seed(4321)
     name = torch.cuda.get_device_name(0)
@@ -122,11 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     data = open_config_file(path, name)
     ops = args.ops.split(",") if args.ops else list(MODELS[args.model])
     ms = [int(v) for v in args.ms.split(",")]
-    run = {"date": time.strftime("%Y-%m-%d", time.gmtime()), "torch": torch.__version__,
-           "triton": triton.__version__, "layers": args.layers,
-           "command": f"python -m kernels.tune_dense --model {args.model} --ops {','.join(ops)} "
-                      f"--ms {args.ms} --layers {args.layers} --slots {args.slots} "
-                      f"--rank {args.rank}"}
+    run = tuner_run(f"python -m kernels.tune_dense --model {args.model} --ops {','.join(ops)} "
+                    f"--ms {args.ms} --layers {args.layers} --slots {args.slots} "
+                    f"--rank {args.rank}", args.layers)
     reports, rows, t0 = {}, [], time.time()
     for op in ops:
         k, outs = MODELS[args.model][op]
