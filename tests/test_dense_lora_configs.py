@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import pytest
 
-from kernels import dense_lora_configs, triton_moe_lora_configs
-from kernels.dense_lora_configs import (dense_shape_key, dump_dense_config, layer_dense_config,
-                                        warm_up_configs)
-from kernels.triton_dense_lora import DenseLoRAConfig, dense_config
-from kernels.tune_dense import block_ms, shrink_tiles, tune_bucket
+from tests.triton_interpret import interpreter_unless_cuda
+
+with interpreter_unless_cuda():  # these import triton: keep later Triton tests in this process
+    from kernels import dense_lora_configs, triton_moe_lora_configs
+    from kernels.dense_lora_configs import (dense_shape_key, dump_dense_config,
+                                            layer_dense_config, warm_up_configs)
+    from kernels.triton_dense_lora import DenseLoRAConfig, dense_config
+    from kernels.tune_dense import block_ms, shrink_tiles, tune_bucket
 
 QKV = (2880, (4096, 512, 512), 32, 8)
 
