@@ -14,11 +14,11 @@ Modules that no adapter of the step targets are skipped in steps without CUDA gr
 graphs their programs exit at once, reading a per-module slot mask (``kernels.vllm_cuda_live``).
 Neither when the op overwrites (``add_inputs=False``): those rows must still be written.
 
-Per layer shape the first call (vLLM's profile run, before graph capture and serving) compiles every
-variant the batch-size buckets can launch (tiles tuned per device in
+Per layer shape the first call (vLLM's profile run, before graph capture and serving) compiles
+every variant the batch-size buckets can launch (tiles tuned per device in
 ``kernels/configs/dense_lora_<device>.json``, else heuristic: ``kernels.dense_lora_configs``), so
-no compile happens while serving. Cases vLLM's
-own path keeps: more than three slices, dtypes other than bf16/fp16, non-CUDA tensors.
+no compile happens while serving. Cases vLLM's own path keeps: more than three slices, dtypes
+other than bf16/fp16, non-CUDA tensors.
 """
 
 from __future__ import annotations
