@@ -32,7 +32,11 @@ def engine_off(loraplex_home, tmp_path_factory):
     server = EngineServer.__new__(EngineServer)
     loop.run_until_complete(server.__init__(config))
     yield server, loop
-    server.serving.engine.shutdown()
+
+    async def shutdown():  # on the loop: vLLM closes its sockets at once, not in a later callback
+        server.serving.engine.shutdown()
+
+    loop.run_until_complete(shutdown())
     loop.close()
     mp.undo()
 
