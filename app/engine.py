@@ -79,6 +79,14 @@ class EngineServer:
         self.replica = _replica_name()
         self._newest_version: dict[str, int] = {}  # per adapter id: newest version requested here
 
+    def __del__(self) -> None:
+        """Replica shutdown (Serve calls this on the replica's event loop; garbage collection
+        too): vLLM's engine stops with its engine-core process. On the loop its sockets close at
+        once; off it vLLM only schedules their close on that loop."""
+        serving = getattr(self, "serving", None)  # None: __init__ did not get that far
+        if serving is not None:
+            serving.engine.shutdown()
+
     async def check_health(self) -> None:
         """Serve health check: raises if the vLLM engine died."""
         await self.serving.engine.check_health()

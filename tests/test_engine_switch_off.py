@@ -33,10 +33,12 @@ def engine_off(loraplex_home, tmp_path_factory):
     loop.run_until_complete(server.__init__(config))
     yield server, loop
 
-    async def shutdown():  # on the loop: vLLM closes its sockets at once, not in a later callback
-        server.serving.engine.shutdown()
+    async def shutdown():  # as Serve shuts a replica down: its destructor, on the replica's loop
+        server.__del__()
 
     loop.run_until_complete(shutdown())
+    # vLLM's sockets are closed now: its zmq context can be collected without blocking
+    assert server.serving.engine.engine_core.resources.output_socket.closed
     loop.close()
     mp.undo()
 

@@ -175,7 +175,7 @@ def test_s3rver_push_cli_then_engine_serves_with_evictions(s3rver, embedded_mode
             outs = await asyncio.gather(*(engine.generate("chat", _chat_body(None), manifests[aid]) for aid in order))
             return order, outs, engine.slots.stats.copy(), engine.slots.snapshot()
         finally:
-            engine.serving.engine.shutdown()
+            engine.__del__()  # replica shutdown, on this loop
 
     order, outs, stats, rows = asyncio.run(scenario())
     for aid, out in zip(order, outs):
