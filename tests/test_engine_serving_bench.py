@@ -40,3 +40,16 @@ def test_unknown_run_is_refused():
 
     with pytest.raises(SystemExit):
         main(["--model", "tiny", "--runs", "base,turbo"])
+
+
+def test_prefill_steps_slice_a_burst_from_submission_to_its_last_first_token():
+    from benchmarks.step_timeline import Step, format_steps, prefill_steps
+
+    steps = [Step(9.0, 2, 0, 0, 2),                      # before the burst: not its step
+             Step(10.05, 1, 3, 0, 0), Step(10.15, 3, 1, 2, 2),
+             Step(10.30, 4, 0, 2, 4), Step(10.31, 4, 0, 0, 4)]  # decode after the last first token
+    got = prefill_steps(steps, t_submit=10.0, t_last_first=10.30)
+    assert [round(s["ms"]) for s in got] == [50, 100, 150]
+    assert [round(s["at_ms"]) for s in got] == [50, 150, 300]
+    assert [s["first_tokens"] for s in got] == [0, 2, 2] and got[0]["waiting"] == 3
+    assert format_steps(got) == "3 steps: 50 (0), 100 (2), 150 (2)"
