@@ -20,12 +20,10 @@ import functools
 from collections.abc import Sequence
 from dataclasses import asdict
 
-from kernels.triton_dense_lora import DenseLoRAConfig, dense_config
+from kernels.triton_dense_lora import DENSE_CONFIG_BUCKET_MS, DenseLoRAConfig, dense_config
 from kernels.triton_moe_lora_configs import device_slug_of, load_device_file, pick_bucket
 
 PREFIX = "dense_lora"
-# one representative M per bucket of the heuristic ``dense_config`` (warm-up without tuning)
-HEURISTIC_MS = (1, 65, 513, 4097)
 
 
 def dense_shape_key(in_features: int, out_features: Sequence[int], rank: int,
@@ -62,6 +60,6 @@ def warm_up_configs(in_features: int, out_features: tuple[int, ...], rank: int, 
     """``[(M, config)]`` covering every config a batch of this shape can get: the tuned buckets
     when the shape is tuned, else one M per heuristic bucket."""
     key = dense_shape_key(in_features, out_features, rank, num_slots)
-    ms = sorted(int(m) for m in _tuned(device_index, key)) or list(HEURISTIC_MS)
+    ms = sorted(int(m) for m in _tuned(device_index, key)) or list(DENSE_CONFIG_BUCKET_MS)
     return [(m, layer_dense_config(m, in_features, out_features, rank, num_slots, device_index))
             for m in ms]

@@ -39,16 +39,16 @@ class DenseLoRALayer:
         index = (dev.index if dev.index is not None else torch.cuda.current_device()) \
             if dev.type == "cuda" else None
         # (in_features, out features per slice, rank, slots, CUDA device index): config lookup
-        self.shape = (self.in_features, tuple(t.shape[-2] for t in self.b), self.a[0].shape[-2],
+        self.config_key = (self.in_features, tuple(t.shape[-2] for t in self.b), self.a[0].shape[-2],
                       self.a[0].shape[0], index)
 
     def config(self, m: int) -> DenseLoRAConfig:
         """The tiles for ``m`` tokens (``kernels.dense_lora_configs``: tuned or heuristic)."""
-        return layer_dense_config(m, *self.shape)
+        return layer_dense_config(m, *self.config_key)
 
     def warm_up_configs(self) -> list[tuple[int, DenseLoRAConfig]]:
         """``[(M, config)]`` covering every config this layer can run with."""
-        return warm_up_configs(*self.shape)
+        return warm_up_configs(*self.config_key)
 
     def __call__(self, y: torch.Tensor, x: torch.Tensor, groups: TokenGroups,
                  cfg: DenseLoRAConfig, scale: float = 1.0, add_inputs: bool = True,

@@ -49,6 +49,10 @@ class DenseLoRAConfig:
     num_warps: int = 4
 
 
+# one M per bucket of ``dense_config`` (the warm-up compiles each bucket's variants with these)
+DENSE_CONFIG_BUCKET_MS = (1, 65, 513, 4097)
+
+
 @functools.lru_cache(maxsize=None)
 def dense_config(m: int, in_features: int, num_slices: int = 1) -> DenseLoRAConfig:
     """Heuristic tiles for ``m`` tokens: small row blocks and split-K while few blocks are live

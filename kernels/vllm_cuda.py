@@ -18,9 +18,8 @@ comes from ``adapter_enabled`` (0 for an adapter without expert LoRA: its rows a
 ``install`` also warms the kernels up when vLLM sets up each MoE layer's LoRA
 (``kernels.vllm_cuda_warmup``); for MXFP4 experts it keeps vLLM's Triton MXFP4 GEMMs instead of
 its fallback to Marlin under LoRA, without the unfused class's two row copies
-(``kernels.vllm_cuda_mxfp4``); it runs the dense (attention,
-router) LoRA through loraplex's ops too (``kernels.vllm_cuda_dense``); in steps without CUDA
-graphs it skips modules for which no adapter of the step has weights (``kernels.vllm_cuda_live``);
+(``kernels.vllm_cuda_mxfp4``); it runs the dense (attention, router) LoRA through loraplex's ops
+too (``kernels.vllm_cuda_dense``); in steps without CUDA graphs it skips modules for which no adapter of the step has weights (``kernels.vllm_cuda_live``);
 it converts each step's per-token adapter ids to slots without vLLM's per-token Python loop
 (``kernels.vllm_cuda_mapping``).
 

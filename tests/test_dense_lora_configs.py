@@ -13,7 +13,7 @@ with interpreter_unless_cuda():  # these import triton: keep later Triton tests 
     from kernels import dense_lora_configs, triton_moe_lora_configs
     from kernels.dense_lora_configs import (dense_shape_key, dump_dense_config,
                                             layer_dense_config, warm_up_configs)
-    from kernels.triton_dense_lora import DenseLoRAConfig, dense_config
+    from kernels.triton_dense_lora import DENSE_CONFIG_BUCKET_MS, DenseLoRAConfig, dense_config
     from kernels.tune_dense import block_ms, shrink_tiles, tune_bucket
 
 QKV = (2880, (4096, 512, 512), 32, 8)
@@ -69,4 +69,4 @@ def test_untuned_shape_or_device_uses_the_heuristic(device_file):
     o_shape = (4096, (2880,), 32, 8)
     assert layer_dense_config(1616, *o_shape, 0) == dense_config(1616, 4096, 1)
     assert layer_dense_config(1616, *QKV, None) == dense_config(1616, 2880, 3)
-    assert [m for m, _ in warm_up_configs(*o_shape, 0)] == list(dense_lora_configs.HEURISTIC_MS)
+    assert [m for m, _ in warm_up_configs(*o_shape, 0)] == list(DENSE_CONFIG_BUCKET_MS)
