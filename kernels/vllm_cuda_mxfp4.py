@@ -22,7 +22,8 @@ both moves inside the GEMMs, as it does for the fused path: the w13 GEMM gathers
 from the token ids of the sorted rows and scatters its output rows to their pair positions
 (``n_expts_act = 1``: no fused top-k sum), and the w2 GEMM gathers its input rows from the pair
 positions. Every tensor the LoRA hooks, the activation and ``moe_sum`` see is the same as in
-vLLM's version, row for row. Expert parallelism (``expert_map``) and router weights applied to
+vLLM's version, row for row. The routing data comes from ``kernels.mxfp4_routing`` (the same
+data as vLLM's ``make_routing_data``, its inputs prepared in one launch instead of seven). Expert parallelism (``expert_map``) and router weights applied to
 the input keep vLLM's own ``apply``.
 """
 
@@ -72,6 +73,17 @@ def _unfused_class():
     return _oai().UnfusedOAITritonExperts if has_triton_kernels() else None
 
 
+def _routing_data(experts, oai, topk_ids, topk_weights, num_experts):
+    """``matmul_ogs``' routing data of the top-k: ``kernels.mxfp4_routing`` (the same data,
+    its inputs prepared in one launch) with triton_kernels' v3.5 API, which vLLM 0.24 ships;
+    vLLM's ``make_routing_data`` otherwise."""
+    if getattr(oai, "use_legacy_triton_kernels", False):
+        from kernels.mxfp4_routing import routing_data
+
+        return routing_data(topk_ids, topk_weights, num_experts)
+    return experts._make_routing_data(topk_ids, topk_weights, num_experts)
+
+
 def _apply_pair_order(self, output, hidden_states, w1, w2, topk_weights, topk_ids, activation,
                       global_num_experts, expert_map, a1q_scale, a2_scale, workspace13,
                       workspace2, expert_tokens_meta, apply_router_weight_on_input):
@@ -91,7 +103,7 @@ def _apply_pair_order(self, output, hidden_states, w1, w2, topk_weights, topk_id
     n = w1.shape[2]
     top_k = topk_ids.size(1)
     rows = m * top_k
-    routing, gather, scatter = self._make_routing_data(topk_ids, topk_weights, w1.shape[0])
+    routing, gather, scatter = _routing_data(self, oai, topk_ids, topk_weights, w1.shape[0])
     routing.n_expts_act = 1  # one output row per (token, expert) pair: no fused top-k sum
     # sorted row r reads token src_indx[r] // K (-1 padding stays in range, as in the kernel)
     token_gather = type(gather)(src_indx=torch.div(gather.src_indx, top_k, rounding_mode="trunc"),

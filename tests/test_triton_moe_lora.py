@@ -51,7 +51,8 @@ def test_interpreter_suite_in_fresh_process():
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     files = [str(Path(__file__).resolve()), str(root / "tests" / "test_vllm_cuda.py"),
-             str(root / "tests" / "test_triton_dense_lora.py")]
+             str(root / "tests" / "test_triton_dense_lora.py"),
+             str(root / "tests" / "test_mxfp4_routing.py")]
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files],
                           cwd=root, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
