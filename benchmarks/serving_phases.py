@@ -13,7 +13,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from benchmarks.step_timeline import format_steps, prefill_steps
+from benchmarks.step_timeline import format_steps, phase_step_durations, prefill_steps
 
 
 @dataclass
@@ -54,7 +54,9 @@ async def run_phases(engine, w: Workload, lora_requests: list, vocab: tuple[int,
     """Warm-up, ``w.burst_reps`` bursts and one steady phase; returns their summaries.
 
     ``steps``: the engine's step records (``benchmarks.step_timeline.StepRecorder``'s sink), if
-    it has one: each burst's summary then also lists its prefill steps (``prefill_steps``)."""
+    it has one: each burst's summary then also lists its prefill steps (``prefill_steps``), and
+    the steady phase's gives the median duration of its steps with and without a new prompt
+    (``phase_step_durations``)."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
@@ -111,6 +113,8 @@ async def run_phases(engine, w: Workload, lora_requests: list, vocab: tuple[int,
     t1 = time.perf_counter()
     recs = [r for rs in per_worker for r in rs]
     phases["steady"] = summarize(recs, t0, t1)
+    if steps is not None:
+        phases["steady"]["steps"] = phase_step_durations(steps, t0, t1)
     all_in, first_done = max(started), min(rs[-1]["t_end"] for rs in per_worker)
     window = [r for r in recs if r["t_sub"] >= all_in and r["t_end"] <= first_done]
     if window:
@@ -146,3 +150,8 @@ def print_table(results: list[dict], title: str) -> None:
         for name, ph in r["phases"].items():
             if "prefill_steps" in ph:
                 print(f"{r['run']} {name} prefill, {format_steps(ph['prefill_steps'])}")
+        if "steps" in r["phases"]["steady"]:  # where steady TTFT went: its steps with a prompt
+            st = r["phases"]["steady"]["steps"]
+            print(f"{r['run']} steady: {st['prefill_steps']} steps with a new prompt, p50 "
+                  f"{st['prefill_step_ms_p50']:.1f} ms; {st['decode_steps']} without, p50 "
+                  f"{st['decode_step_ms_p50']:.1f} ms")

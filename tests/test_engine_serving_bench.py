@@ -26,6 +26,9 @@ def test_base_and_loraplex_runs_side_by_side(tmp_path, capsys):
         # the burst's prefill steps (engine stat logger) gave each request its first token once
         assert sum(s["first_tokens"] for s in burst["prefill_steps"]) == 2
         assert all(s["ms"] > 0 for s in burst["prefill_steps"])
+        # every steady request's prompt ran in a step of the steady phase (two may share one)
+        assert 2 <= steady["steps"]["prefill_steps"] <= 4 and steady["steps"]["decode_steps"] > 0
+        assert steady["steps"]["prefill_step_ms_p50"] > 0
         for phase in (burst, steady):
             assert 0 < phase["ttft_ms_p50"] <= phase["ttft_ms_p90"]
             assert phase["tpot_ms_mean"] > 0 and phase["out_tok_s"] > 0
@@ -33,6 +36,7 @@ def test_base_and_loraplex_runs_side_by_side(tmp_path, capsys):
     assert "| base |" in table and "| loraplex |" in table
     assert "×)" in table.split("| loraplex |")[1]  # ratios against the base run
     assert "loraplex burst0 prefill, " in table
+    assert "loraplex steady: " in table
 
 
 def test_unknown_run_is_refused():
@@ -53,3 +57,15 @@ def test_prefill_steps_slice_a_burst_from_submission_to_its_last_first_token():
     assert [round(s["at_ms"]) for s in got] == [50, 150, 300]
     assert [s["first_tokens"] for s in got] == [0, 2, 2] and got[0]["waiting"] == 3
     assert format_steps(got) == "3 steps: 50 (0), 100 (2), 150 (2)"
+
+
+def test_phase_step_durations_split_steps_with_a_new_prompt_from_decode_steps():
+    from benchmarks.step_timeline import Step, phase_step_durations
+
+    steps = [Step(9.90, 2, 0, 0, 2),                     # before the phase: only a start point
+             Step(10.00, 2, 0, 0, 2), Step(10.04, 3, 0, 1, 3), Step(10.05, 3, 0, 0, 3),
+             Step(10.07, 3, 0, 0, 3), Step(10.13, 4, 0, 1, 4), Step(10.50, 4, 0, 1, 4)]
+    got = phase_step_durations(steps, t0=9.95, t1=10.2)  # the last step is after the phase
+    assert got["prefill_steps"] == 2 and got["decode_steps"] == 3
+    assert round(got["prefill_step_ms_p50"]) == 50  # 40 and 60 ms
+    assert round(got["decode_step_ms_p50"]) == 20  # 100, 10 and 20 ms
