@@ -185,3 +185,18 @@ def test_real_matmul_ogs_matches_vllms_unfused_apply(m):
               None, False)
         outs.append(out.float())
     torch.testing.assert_close(outs[1], outs[0], rtol=2e-2, atol=2e-2)
+
+
+@needs_vllm024_gpu
+@pytest.mark.parametrize("m", [1, 16, 300])
+def test_pair_order_steps_equal_the_lora_off_layer_on_mxfp4_weights(m):
+    """Real MXFP4 experts (vLLM's weight layout): token gather + pair scatter, swiglu, pair-row
+    w2 and ``moe_sum`` give the LoRA-off layer's output (fused swiglu, top-k sum in the GEMM);
+    the layouts ``benchmarks.mxfp4_experts_steps`` times."""
+    from benchmarks.mxfp4_experts_steps import HIDDEN, INTER, layer_steps, mxfp4_experts
+
+    if vllm_cuda_mxfp4._unfused_class() is None:
+        pytest.skip("triton_kernels not importable")
+    layers = [(*mxfp4_experts(2 * INTER, HIDDEN, 0), *mxfp4_experts(HIDDEN, INTER, 1))]
+    _, err = layer_steps(m, layers, seed=m)
+    assert err < 2e-2
