@@ -205,6 +205,13 @@ _PLACE = CachedLauncher(_moe_lora_place_kernel)
 _ALIGN_PLANS = PlanTable()  # key -> [PreparedLaunch] (one, or count + place)
 
 
+@functools.cache
+def _unused_table(device: torch.device) -> torch.Tensor:
+    """The naive layout's stand-in for the block tables (its kernels never read them): one
+    int32 per device, made once, not a fill launch per layer and step."""
+    return torch.zeros(1, dtype=torch.int32, device=device)
+
+
 @functools.lru_cache(maxsize=4096)
 def block_layout(num_rows: int, num_pairs: int, block_m: int, parallel: bool
             ) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
@@ -278,7 +285,7 @@ def align_moe_lora(
     if token_lora.dtype != torch.int32:
         token_lora = token_lora.to(torch.int32)
     if naive:
-        dummy = torch.zeros(1, dtype=torch.int32, device=dev)
+        dummy = _unused_table(dev)
         return MoELoRABlocks(dummy, dummy, dummy, dummy, num_rows, block_m, num_rows, top_k,
                              num_experts, True, ids, token_lora, enabled)
     max_blocks, starts, sizes = block_layout(num_rows, num_pairs, block_m, parallel)
