@@ -92,12 +92,9 @@ def _gate_up(ctx, y2d: torch.Tensor, x: torch.Tensor, topk_ids: torch.Tensor,
     """loraplex's gate_up LoRA into ``y2d [M*K, N]`` (``x [M, H]``, ``topk_ids [M, K]``):
     the step for ``down``, or ``_SKIP`` when no token of the step has expert LoRA."""
     warm_up_layer(ctx, topk_ids.shape[1])  # normally done at set_mapping; before the exits below
-    meta = ctx.punica_wrapper.token_mapping_meta  # what vLLM's ``meta_args`` hands out
-    if bool(meta.no_lora_flag_cpu.item()):  # a CPU tensor: no device sync (vLLM's early exit)
+    if vllm_cuda_live.moe_step_idle(ctx):  # no expert LoRA in this step (vLLM's early exit)
         return _SKIP
-    if vllm_cuda_live.skippable(ctx.w13_lora_a_stacked[0]):  # no expert LoRA in this step
-        return _SKIP
-    token_lora = meta.token_lora_mapping[: x.size(0)]
+    token_lora = ctx.punica_wrapper.token_mapping_meta.token_lora_mapping[: x.size(0)]
     x2d = x if x.stride(-1) == 1 else x.contiguous()
     return _moe_layer(ctx).gate_up(y2d, x2d, topk_ids, token_lora,
                                    ctx.adapter_enabled[: ctx.max_loras], add_inputs=add_inputs)

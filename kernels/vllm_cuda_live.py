@@ -105,6 +105,15 @@ def skippable(first_a_stack: torch.Tensor) -> bool:
     return not (first_a_stack.is_cuda and torch.cuda.is_current_stream_capturing())
 
 
+def moe_step_idle(ctx) -> bool:
+    """True when no token of this step has expert LoRA in the MoE layer of vLLM's LoRA context
+    ``ctx``: the step has no adapter (vLLM's no-LoRA flag, a CPU tensor, so no device sync;
+    vLLM captures CUDA graphs with and without LoRA separately), or no adapter of the step has
+    expert weights here (``skippable``: outside graph capture only)."""
+    return (bool(ctx.punica_wrapper.token_mapping_meta.no_lora_flag_cpu.item())
+            or skippable(ctx.w13_lora_a_stacked[0]))
+
+
 def _activate_adapter(self, lora_id: int) -> bool:
     done = _originals["activate_adapter"](self, lora_id)
     if done:

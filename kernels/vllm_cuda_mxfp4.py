@@ -23,13 +23,18 @@ from the token ids of the sorted rows and scatters its output rows to their pair
 (``n_expts_act = 1``: no fused top-k sum), and the w2 GEMM gathers its input rows from the pair
 positions. Every tensor the LoRA hooks, the activation and ``moe_sum`` see is the same as in
 vLLM's version, row for row. The routing data comes from ``kernels.mxfp4_routing`` (the same
-data as vLLM's ``make_routing_data``, its inputs prepared in one launch instead of seven). Expert parallelism (``expert_map``) and router weights applied to
+data as vLLM's ``make_routing_data``, its inputs prepared in one launch instead of seven). A
+step without expert LoRA (no adapter, or none with expert weights) runs vLLM's fused Triton path
+instead — the activation inside the w13 GEMM, the top-k sum inside the w2 GEMM — as an engine
+without LoRA does, so enabling LoRA costs such steps nothing here. Expert parallelism (``expert_map``) and router weights applied to
 the input keep vLLM's own ``apply``.
 """
 
 from __future__ import annotations
 
 import torch
+
+from kernels import vllm_cuda_live
 
 _original = None
 _original_apply = None
@@ -84,6 +89,14 @@ def _routing_data(experts, oai, topk_ids, topk_weights, num_experts):
     return experts._make_routing_data(topk_ids, topk_weights, num_experts)
 
 
+def _fused_applies(oai, activation, quant) -> bool:
+    """Whether vLLM's fused Triton path computes what the unfused one would: the swiglu-OAI
+    activation with the fused kernel's constants (alpha 1.702, limit 7)."""
+    return (activation == oai.MoEActivation.SWIGLUOAI
+            and getattr(quant, "gemm1_alpha", None) in (None, 1.702)
+            and getattr(quant, "gemm1_clamp_limit", None) in (None, 7.0))
+
+
 def _apply_pair_order(self, output, hidden_states, w1, w2, topk_weights, topk_ids, activation,
                       global_num_experts, expert_map, a1q_scale, a2_scale, workspace13,
                       workspace2, expert_tokens_meta, apply_router_weight_on_input):
@@ -104,6 +117,16 @@ def _apply_pair_order(self, output, hidden_states, w1, w2, topk_weights, topk_id
     top_k = topk_ids.size(1)
     rows = m * top_k
     routing, gather, scatter = _routing_data(self, oai, topk_ids, topk_weights, w1.shape[0])
+    lora = self._lora_context
+    if (lora is None or vllm_cuda_live.moe_step_idle(lora)) and _fused_applies(oai, activation,
+                                                                               quant):
+        # no expert LoRA in this step: vLLM's fused path (activation in the w13 GEMM, top-k sum
+        # in the w2 GEMM), as the engine runs without LoRA
+        oai.triton_kernel_fused_experts(
+            output, hidden_states, w1, w2, routing, gather, scatter, topk=top_k,
+            activation=activation, quant_config=quant, global_num_experts=w1.shape[0],
+            intermediate_cache=workspace13, a1q_scale=a1q_scale)
+        return
     routing.n_expts_act = 1  # one output row per (token, expert) pair: no fused top-k sum
     # sorted row r reads token src_indx[r] // K (-1 padding stays in range, as in the kernel)
     token_gather = type(gather)(src_indx=torch.div(gather.src_indx, top_k, rounding_mode="trunc"),
@@ -114,7 +137,6 @@ def _apply_pair_order(self, output, hidden_states, w1, w2, topk_weights, topk_id
     oai.matmul_ogs(hidden_states, w1, quant.w1_bias, routing, gather_indx=token_gather,
                    scatter_indx=scatter, precision_config=quant.w1_precision, y=y13)
     y13 = y13.view(rows, n)
-    lora = self._lora_context
     step = (None, None, None, None)
     if lora is not None:
         step = self.apply_w13_lora(lora, y=y13, x=hidden_states, topk_ids=topk_ids,

@@ -61,14 +61,23 @@ def matmul_ogs_model(x, w, bias, routing, gather_indx=None, scatter_indx=None,
     return y
 
 
+def lora_context(step_has_lora: bool):
+    """What ``_apply_pair_order`` reads of vLLM's MoE LoRA context: the step's no-LoRA flag (a
+    CPU tensor) and the first A stack (for the skip check: not tracked here, never skipped)."""
+    meta = SimpleNamespace(no_lora_flag_cpu=torch.tensor(not step_has_lora))
+    return SimpleNamespace(punica_wrapper=SimpleNamespace(token_mapping_meta=meta),
+                           w13_lora_a_stacked=[torch.zeros(1)])
+
+
 class Experts:
     """What ``_apply_pair_order`` uses of vLLM's experts object, with LoRA hooks adding fixed
-    per-pair deltas and recording what they are handed."""
+    per-pair deltas and recording what they are handed. ``lora``: None (no LoRA context), or
+    whether the step has LoRA."""
 
-    def __init__(self, b1, b2, delta13, delta2, lora=True):
+    def __init__(self, b1, b2, delta13, delta2, lora: bool | None = True):
         self.quant_config = SimpleNamespace(w1_bias=b1, w2_bias=b2, w1_precision=None,
                                             w2_precision=None)
-        self._lora_context = object() if lora else None
+        self._lora_context = None if lora is None else lora_context(lora)
         self.delta13, self.delta2, self.seen = delta13, delta2, {}
 
     def _make_routing_data(self, topk_ids, topk_weights, num_experts):
@@ -113,8 +122,36 @@ def dense_reference(x, w1, b1, w2, b2, topk_ids, topk_w, delta13, delta2):
     return out, torch.stack(acts)
 
 
-@pytest.mark.parametrize("m,k,experts,lora", [(5, 4, 6, True), (1, 2, 3, True), (7, 3, 5, False)])
+def fused_experts_model(output, hidden_states, w1, w2, routing, gather, scatter, *, topk,
+                        activation, quant_config, global_num_experts, intermediate_cache,
+                        a1q_scale, calls):
+    """vLLM's fused path (``triton_kernel_fused_experts``) through the ``matmul_ogs`` model:
+    w13 GEMM over expert-sorted rows with the activation (the test's), w2 GEMM summing each
+    token's ``top-k`` rows with the routing weights into ``output``."""
+    assert routing.n_expts_act == topk == gather.src_indx.shape[0] // hidden_states.shape[0]
+    calls.append("fused")
+    rows, n = gather.src_indx.shape[0], w1.shape[-1]
+    y13 = matmul_ogs_model(hidden_states, w1, quant_config.w1_bias, routing, gather_indx=gather,
+                           y=torch.empty(rows, n))
+    act = torch.nn.functional.silu(y13[:, : n // 2]) * y13[:, n // 2:]
+    matmul_ogs_model(act, w2, quant_config.w2_bias, routing, scatter_indx=scatter,
+                     gammas=routing.gate_scal, y=output)
+
+
+def oai_model(calls: list):
+    return SimpleNamespace(
+        matmul_ogs=matmul_ogs_model, FUSED_MOE_UNQUANTIZED_CONFIG=None,
+        MoEActivation=SimpleNamespace(SWIGLUOAI="act"),
+        triton_kernel_fused_experts=lambda *a, **kw: fused_experts_model(*a, **kw, calls=calls),
+        _resize_cache=lambda buf, shape: buf.flatten()[:torch.Size(shape).numel()].view(shape))
+
+
+@pytest.mark.parametrize("m,k,experts,lora", [(5, 4, 6, True), (1, 2, 3, True), (7, 3, 5, None),
+                                              (4, 2, 5, False)])
 def test_pair_order_apply_matches_per_pair_computation(monkeypatch, m, k, experts, lora):
+    """With expert LoRA in the step: the pair-order path, hooks called; without (no LoRA
+    context, or a step without adapters): vLLM's fused path, no hook called. Both equal the
+    per-pair computation."""
     torch.manual_seed(m * 10 + k)
     hidden, n = 12, 10
     x = torch.randn(m, hidden)
@@ -125,9 +162,8 @@ def test_pair_order_apply_matches_per_pair_computation(monkeypatch, m, k, expert
     d13 = torch.randn(m * k, n) if lora else torch.zeros(m * k, n)
     d2 = torch.randn(m * k, hidden) if lora else torch.zeros(m * k, hidden)
     ex = Experts(b1, b2, d13, d2, lora=lora)
-    monkeypatch.setattr(vllm_cuda_mxfp4, "_oai", lambda: SimpleNamespace(
-        matmul_ogs=matmul_ogs_model, FUSED_MOE_UNQUANTIZED_CONFIG=None,
-        _resize_cache=lambda buf, shape: buf.flatten()[:torch.Size(shape).numel()].view(shape)))
+    calls = []
+    monkeypatch.setattr(vllm_cuda_mxfp4, "_oai", lambda: oai_model(calls))
     out = torch.full((m, hidden), float("nan"))
     ws13, ws2 = torch.empty(m * k * n), torch.empty(m * k * max(n, hidden))
     vllm_cuda_mxfp4._apply_pair_order(ex, out, x, w1, w2, topk_w, topk_ids, "act", -1, None,
@@ -138,8 +174,31 @@ def test_pair_order_apply_matches_per_pair_computation(monkeypatch, m, k, expert
         assert ex.seen["w13"] == ((m * k, n), x.data_ptr(), None, m, k)
         assert ex.seen["w2"][0] == (m, k, hidden) and ex.seen["w2"][2] == "step"
         torch.testing.assert_close(ex.seen["w2"][1], acts, rtol=1e-4, atol=1e-4)
+        assert calls == []
     else:
-        assert ex.seen == {}
+        assert ex.seen == {} and calls == ["fused"]
+
+
+def test_other_activations_keep_the_unfused_path_in_steps_without_lora(monkeypatch):
+    torch.manual_seed(3)
+    m, k, experts, hidden, n = 3, 2, 4, 8, 6
+    x = torch.randn(m, hidden)
+    w1, b1 = torch.randn(experts, hidden, n), torch.randn(experts, n)
+    w2, b2 = torch.randn(experts, n // 2, hidden), torch.randn(experts, hidden)
+    topk_ids = torch.stack([torch.randperm(experts)[:k] for _ in range(m)]).int()
+    topk_w = torch.rand(m, k)
+    ex = Experts(b1, b2, None, None, lora=None)
+    ex.quant_config.gemm1_clamp_limit = 5.0  # not the fused kernel's limit
+    calls = []
+    monkeypatch.setattr(vllm_cuda_mxfp4, "_oai", lambda: oai_model(calls))
+    out = torch.full((m, hidden), float("nan"))
+    vllm_cuda_mxfp4._apply_pair_order(ex, out, x, w1, w2, topk_w, topk_ids, "act", -1, None,
+                                      None, None, torch.empty(m * k * n),
+                                      torch.empty(m * k * max(n, hidden)), None, False)
+    zeros13, zeros2 = torch.zeros(m * k, n), torch.zeros(m * k, hidden)
+    want, _ = dense_reference(x, w1, b1, w2, b2, topk_ids, topk_w, zeros13, zeros2)
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
+    assert calls == []
 
 
 def test_expert_parallel_calls_keep_vllms_apply(monkeypatch):
@@ -152,10 +211,12 @@ def test_expert_parallel_calls_keep_vllms_apply(monkeypatch):
 
 
 @needs_vllm024_gpu
-@pytest.mark.parametrize("m", [1, 16, 200])
-def test_real_matmul_ogs_matches_vllms_unfused_apply(m):
+@pytest.mark.parametrize("m,step_has_lora", [(1, True), (16, True), (200, True), (16, False),
+                                             (200, False)])
+def test_real_matmul_ogs_matches_vllms_unfused_apply(m, step_has_lora):
     """bf16 experts through triton_kernels' ``matmul_ogs``: the pair-order apply equals vLLM
-    0.24's ``UnfusedOAITritonExperts.apply`` on the same routing, LoRA hooks included."""
+    0.24's ``UnfusedOAITritonExperts.apply`` on the same routing, LoRA hooks included; in a
+    step without LoRA, loraplex's fused path equals vLLM's unfused apply without LoRA."""
     oai = vllm_cuda_mxfp4._oai()
     cls = vllm_cuda_mxfp4._unfused_class()
     if cls is None:
@@ -174,16 +235,23 @@ def test_real_matmul_ogs_matches_vllms_unfused_apply(m):
     topk_ids = topk_ids.int()
     d13 = torch.randn(m * k, n, device=dev, dtype=dt)
     d2 = torch.randn(m * k, hidden, device=dev, dtype=dt)
+    swiglu_oai = oai.MoEActivation.SWIGLUOAI  # GPT-OSS's: the one the fused path fuses
     outs = []
     for apply in (original, vllm_cuda_mxfp4._apply_pair_order):
-        ex = Experts(b1, b2, d13, d2)
+        ours = apply is vllm_cuda_mxfp4._apply_pair_order
+        # vLLM's apply without LoRA has no context at all; ours gets a step without adapters
+        ex = Experts(b1, b2, d13, d2, lora=step_has_lora if ours or step_has_lora else None)
         ex._make_routing_data = lambda ids, w, e: oai.make_routing_data(ids, w, e)
+        ex.activation = lambda act, out, inp: torch.ops._C.swigluoai_and_mul(out, inp, 1.702,
+                                                                              7.0)
         out = torch.empty(m, hidden, device=dev, dtype=dt)
         ws13 = torch.empty(m * k * n, device=dev, dtype=dt)
         ws2 = torch.empty(m * k * max(n, hidden), device=dev, dtype=dt)
-        apply(ex, out, x, w1, w2, topk_w, topk_ids, "act", -1, None, None, None, ws13, ws2,
-              None, False)
+        apply(ex, out, x, w1, w2, topk_w, topk_ids, swiglu_oai, -1, None, None, None, ws13,
+              ws2, None, False)
         outs.append(out.float())
+        if ours:  # the hooks ran exactly when the step had LoRA
+            assert ("w13" in ex.seen) == step_has_lora
     torch.testing.assert_close(outs[1], outs[0], rtol=2e-2, atol=2e-2)
 
 
