@@ -20,7 +20,8 @@ comes from ``adapter_enabled`` (0 for an adapter without expert LoRA: its rows a
 its fallback to Marlin under LoRA, without the unfused class's two row copies
 (``kernels.vllm_cuda_mxfp4``); it runs the dense (attention, router) LoRA through loraplex's ops
 too (``kernels.vllm_cuda_dense``); in steps without CUDA graphs it skips modules for which no adapter of the step has weights (``kernels.vllm_cuda_live``);
-it converts each step's per-token adapter ids to slots without vLLM's per-token Python loop
+it converts each step's per-token adapter ids to slots without vLLM's per-token Python loop and
+prepares the LoRA kernels' metadata without vLLM's waits for the GPU
 (``kernels.vllm_cuda_mapping``).
 
 Cases vLLM's own path keeps (the original methods are called): expert parallelism
@@ -155,8 +156,8 @@ def install() -> None:
     FusedMoEWithLoRA.set_mapping = _set_mapping
     vllm_cuda_mxfp4.install()
     vllm_cuda_dense.install()
+    vllm_cuda_mapping.install()  # first: vllm_cuda_live wraps its update_metadata
     vllm_cuda_live.install()
-    vllm_cuda_mapping.install()
     watch_compiles()
     vllm_logger().info("MoE-LoRA Triton ops (loraplex) installed for vLLM %s", vllm.__version__)
 

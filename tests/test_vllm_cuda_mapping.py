@@ -1,6 +1,9 @@
-"""``kernels.vllm_cuda_mapping.convert_mapping`` gives what vLLM 0.24's loop gives: same
-tensors, dtypes and lengths (on the CPU here; the engine calls it with the GPU device), and the
-same error for an id no slot holds. The oracle restates vLLM 0.24's semantics token by token."""
+"""``kernels.vllm_cuda_mapping``: ``convert_mapping`` gives what vLLM 0.24's loop gives (same
+tensors, dtypes and lengths; on the CPU here, the engine calls it with the GPU device) and the
+same error for an id no slot holds — the oracle restates vLLM 0.24's semantics token by token;
+``prepare_kernel_meta`` / ``update_metadata`` fill the LoRA kernels' metadata as vLLM's own
+``LoRAKernelMeta.prepare_tensors`` does from the device copy (the installed vLLM is the oracle,
+on CPU tensors)."""
 
 from __future__ import annotations
 
@@ -10,7 +13,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from kernels.vllm_cuda_mapping import NUMPY_FROM, _slot_of, convert_mapping, slot_indices
+from kernels.vllm_cuda_mapping import (NUMPY_FROM, _slot_of, convert_mapping, host_slots,
+                                       prepare_kernel_meta, slot_indices, update_metadata)
 
 pytest.importorskip("vllm")
 
@@ -61,3 +65,65 @@ def test_slot_indices_first_position_and_no_adapter():
     ids = [7, 0, -1, 7, 3]
     assert slot_indices(np.array(ids, dtype=np.int64), slot_of).tolist() == [1, -1, -1, 1, 2]
     assert slot_indices(ids, slot_of) == [1, -1, -1, 1, 2]
+
+
+def kernel_meta(captured=None):
+    from vllm.lora.ops.triton_ops.lora_kernel_metadata import LoRAKernelMeta
+
+    return LoRAKernelMeta.make(max_loras=8, max_num_tokens=2048, device="cpu",
+                               captured_lora_counts=captured)
+
+
+def assert_same_meta(got, want, n: int) -> None:
+    if not bool(want.no_lora_flag_cpu[0]):  # (without LoRA neither writes the token buffers)
+        assert torch.equal(got.token_lora_mapping[:n], want.token_lora_mapping[:n])
+        assert torch.equal(got.token_indices_sorted_by_lora_ids[:n],
+                           want.token_indices_sorted_by_lora_ids[:n])
+    for name in ("active_lora_ids", "num_tokens_per_lora", "lora_token_start_loc",
+                 "no_lora_flag_cpu", "num_active_loras_cpu"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+
+
+@pytest.mark.parametrize("slots,captured", [
+    ([-1, -1, -1], None), ([], None), ([2], None), ([3, -1, 0, 3, 5, 0, -1, 7], None),
+    ([3, -1, 0, 3, 5, 0, -1, 7], [1, 2, 4, 8]), ([1] * 5 + [0] * 3, [1, 2, 4, 8]),
+    (list(range(8)) * 200, [1, 2, 4])])
+def test_kernel_meta_equals_vllms_from_the_device_copy(slots, captured):
+    got, want = kernel_meta(captured), kernel_meta(captured)
+    for meta in (got, want):  # stale values from an earlier step: both must reset them
+        meta.active_lora_ids.fill_(5)
+        meta.num_tokens_per_lora.fill_(9)
+        meta.no_lora_flag_cpu.fill_(True)
+    want.prepare_tensors(torch.tensor(slots, dtype=torch.long))
+    prepare_kernel_meta(got, slots)
+    assert_same_meta(got, want, len(slots))
+
+
+def test_update_metadata_prepares_both_metas_from_the_host_slots():
+    lora_index_to_id = [None, 41, 7, None, 1009, 3, 7, 12]
+    rng = random.Random(5)
+    ids = tuple(rng.choice([41, 7, 0, 1009, 12]) for _ in range(NUMPY_FROM + 9))
+    mapping = SimpleNamespace(index_mapping=ids, prompt_mapping=(41, 0, 12), is_prefill=True)
+    calls = []
+    wrapper = SimpleNamespace(token_mapping_meta=kernel_meta(), prompt_mapping_meta=kernel_meta(),
+                              _update_base_metadata=lambda *a: calls.append(a))
+    update_metadata(wrapper, mapping, lora_index_to_id, 8, 32000)
+    assert calls == [(mapping, lora_index_to_id, 8, 32000)] and wrapper.is_prefill
+    base, sampler = convert_mapping(mapping, lora_index_to_id, 8, 32000, 0,
+                                    torch.device("cpu"))[:2]
+    want_tokens, want_prompts = kernel_meta(), kernel_meta()
+    want_tokens.prepare_tensors(base)  # what vLLM prepares from the device copies
+    want_prompts.prepare_tensors(sampler)
+    assert_same_meta(wrapper.token_mapping_meta, want_tokens, len(ids))
+    assert_same_meta(wrapper.prompt_mapping_meta, want_prompts, 3)
+
+
+def test_host_slots_are_computed_once_per_step():
+    lora_index_to_id = [None, 3, 5]
+    first = SimpleNamespace(index_mapping=(3, 5, 0), prompt_mapping=(3,))
+    got = host_slots(first, lora_index_to_id)
+    assert got[1] == [1, 2, -1] and got[2] == [1]
+    assert host_slots(first, lora_index_to_id) is got
+    assert host_slots(first, [None, 5, 3])[1] == [2, 1, -1]  # slots moved: recomputed
+    second = SimpleNamespace(index_mapping=(3, 5, 0), prompt_mapping=(3,))
+    assert host_slots(second, [None, 5, 3]) is not got
