@@ -3,7 +3,8 @@
 Tuned configs live in ``kernels/configs/dense_lora_<device>.json`` (written by
 ``kernels/tune_dense.py``)::
 
-    {"device": "NVIDIA H200", "provenance": {<shape key>: {"command": ..., "date": ...}},
+    {"device": "NVIDIA H200",
+     "provenance": {<shape key>: {"runs": [{"command": ..., "date": ..., "buckets": [...]}]}},
      "shapes": {"K2880_N4096-512-512_r32_L8": {"16": {"block_m": 16, "block_k": 128,
                                                       "split_k": 8, "block_n": 128,
                                                       "num_warps": 4}, ...}}}

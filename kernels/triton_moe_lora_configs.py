@@ -3,6 +3,7 @@
 Tuned configs live in ``kernels/configs/moe_lora_<device>.json`` (written by ``kernels/tune.py``)::
 
     {"device": "NVIDIA H200",
+     "provenance": {<shape key>: {"runs": [{"command": ..., "date": ..., "buckets": [...]}]}},
      "shapes": {"H2880_I2880_E32_K4_r32_L8": {"16": {<layer config>}, ...}}}
 
 A layer config holds the block size shared by the four ops, whether the expand launches with
@@ -97,6 +98,18 @@ def open_config_file(path: Path, device_name: str) -> dict:
     if path.is_file():
         return json.loads(path.read_text())
     return {"device": device_name, "provenance": {}, "shapes": {}}
+
+
+def record_run(data: dict, shape_key: str, run: dict, buckets: list[int]) -> None:
+    """Appends a tuner run (``cuda_timing.tuner_run``) and the M buckets it wrote to the shape's
+    provenance, ``{"runs": [...]}``, so a run over some buckets keeps the record of the runs
+    that wrote the others (an older single-run record becomes the list's first entry)."""
+    provenance = data.setdefault("provenance", {})
+    record = provenance.get(shape_key) or {}
+    if "runs" not in record:
+        record = {"runs": [record] if record else []}
+    record["runs"].append(dict(run, buckets=sorted(buckets)))
+    provenance[shape_key] = record
 
 
 def save_config_file(path: Path, data: dict) -> None:

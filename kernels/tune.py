@@ -34,6 +34,7 @@ from kernels.triton_moe_lora_configs import (
     dump_layer_config,
     open_config_file,
     parse_layer_config,
+    record_run,
     save_config_file,
     shape_key,
 )
@@ -285,11 +286,9 @@ def main(argv: list[str] | None = None) -> int:
                     f"--layers {args.layers} --slots {args.slots} --rank {args.rank} "
                     + (f"--only {args.only}" if args.only else f"--space {args.space}"),
                     args.layers)
-    provenance = data.setdefault("provenance", {})
     if args.only:
-        provenance.setdefault(key, {})[f"{args.only}_decided_by"] = run
-    else:
-        provenance[key] = run
+        run["decided"] = args.only  # only this choice was re-made for the buckets
+    record_run(data, key, run, [int(v) for v in args.ms.split(",")])
     buckets, reports = data["shapes"].setdefault(key, {}), {}
     t0 = time.time()
     for m in [int(v) for v in args.ms.split(",")]:

@@ -101,7 +101,7 @@ def gpu_timer(in_features: int, outs: tuple[int, ...], m: int, n_layers: int, sl
 def main(argv: list[str] | None = None) -> int:
     from kernels.cuda_timing import log, tuner_arguments, tuner_run
     from kernels.triton_moe_lora_configs import (CONFIG_DIR, device_slug, open_config_file,
-                                                 save_config_file)
+                                                 record_run, save_config_file)
 
     ap = tuner_arguments(__doc__.splitlines()[0], MODELS, MS_DEFAULT, str(CONFIG_DIR))
     ap.add_argument("--ops", default=None, help="default: all of the model's (qkv,o)")
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     for op in ops:
         k, outs = MODELS[args.model][op]
         key = dense_shape_key(k, outs, args.rank, args.slots)
-        data.setdefault("provenance", {})[key] = run
+        record_run(data, key, run, ms)
         buckets = data["shapes"].setdefault(key, {})
         for m in ms:
             timer = gpu_timer(k, outs, m, args.layers, args.slots, args.rank, gen)

@@ -70,3 +70,18 @@ def test_untuned_shape_or_device_uses_the_heuristic(device_file):
     assert layer_dense_config(1616, *o_shape, 0) == dense_config(1616, 4096, 1)
     assert layer_dense_config(1616, *QKV, None) == dense_config(1616, 2880, 3)
     assert [m for m, _ in warm_up_configs(*o_shape, 0)] == list(DENSE_CONFIG_BUCKET_MS)
+
+
+def test_a_tuner_run_is_added_to_the_shapes_provenance_not_put_in_its_place():
+    from kernels.triton_moe_lora_configs import record_run
+
+    older = {"command": "python -m kernels.tune --ms 1,16", "date": "2026-11-28"}
+    data = {"provenance": {"K": dict(older)}}
+    record_run(data, "K", {"command": "python -m kernels.tune --ms 4096", "date": "2026-11-29"},
+               [4096])
+    record_run(data, "other", {"command": "c", "date": "d"}, [16, 1])
+    runs = data["provenance"]["K"]["runs"]
+    assert runs[0] == older  # the single-run record of an older file, kept
+    assert runs[1]["buckets"] == [4096] and runs[1]["date"] == "2026-11-29"
+    assert data["provenance"]["other"] == {"runs": [{"command": "c", "date": "d",
+                                                      "buckets": [1, 16]}]}
