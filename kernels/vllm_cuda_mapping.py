@@ -12,13 +12,14 @@ would be more than the loop.
 
 An id that is not in ``lora_index_to_id`` raises ``ValueError``, as ``list.index`` does there.
 
-The same step then builds the LoRA kernels' metadata (``LoRAKernelMeta.prepare_tensors``, for the
-tokens and for the requests) from the device copy of those slots: ``torch.all(mapping == -1)``
-written into a CPU flag, ``if`` on it, and ``torch.unique`` on the GPU — three waits for the GPU
-per call, two calls per step, before the step's forward is launched, so the host cannot prepare a step while the GPU runs the
-previous one. ``prepare_kernel_meta`` computes the same tensors and flags from the host's slots
-(NumPy) and sends them with asynchronous copies from pinned memory: no wait. ``update_metadata``
-is vLLM's ``PunicaWrapperGPU.update_metadata`` built on it.
+The same step then builds the LoRA kernels' metadata (``LoRAKernelMeta.prepare_tensors``, for
+the tokens and for the requests) from the device copy of those slots: ``torch.all(mapping ==
+-1)`` written into a CPU flag, ``if`` on it, and ``torch.unique`` on the GPU — three waits for
+the GPU per call, two calls per step, before the step's forward is launched, so the host cannot
+prepare a step while the GPU runs the previous one. ``prepare_kernel_meta`` computes the same
+tensors and flags from the host's slots (NumPy) and sends them with asynchronous copies from
+pinned memory: no wait. ``update_metadata`` is vLLM's ``PunicaWrapperGPU.update_metadata`` built
+on it.
 
 ``install`` replaces the name ``punica_base`` calls and that method; the caller checks the vLLM
 version.

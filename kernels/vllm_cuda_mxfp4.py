@@ -26,8 +26,8 @@ vLLM's version, row for row. The routing data comes from ``kernels.mxfp4_routing
 data as vLLM's ``make_routing_data``, its inputs prepared in one launch instead of seven). A
 step without expert LoRA (no adapter, or none with expert weights) runs vLLM's fused Triton path
 instead — the activation inside the w13 GEMM, the top-k sum inside the w2 GEMM — as an engine
-without LoRA does, so enabling LoRA costs such steps nothing here. Expert parallelism (``expert_map``) and router weights applied to
-the input keep vLLM's own ``apply``.
+without LoRA does, so enabling LoRA costs such steps nothing here. Expert parallelism
+(``expert_map``) and router weights applied to the input keep vLLM's own ``apply``.
 """
 
 from __future__ import annotations
