@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.triton_launch import CachedLauncher, cdiv, next_pow2
+
 ROWS_PER_PROGRAM = 128
 
 
@@ -63,21 +65,23 @@ def _routing_inputs_kernel(ids_ptr, weights_ptr, ids16_ptr, scal_ptr, bits_ptr, 
             tl.store(sums_ptr + word * 32 + tl.arange(0, 32), tl.zeros([32], dtype=tl.int32))
 
 
+_ROUTING_INPUTS = CachedLauncher(_routing_inputs_kernel)  # one launch per MoE layer and step
+
+
 def routing_inputs(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int):
     """``(ids int16 [M, K], weights bf16 [M, K], bit matrix uint32 [M, ceil(E/32)], zeroed sums
     int32 [32 * ceil(E/32)])`` of the top-k, as ``make_routing_data`` prepares them."""
     n_rows, top_k = topk_ids.shape
-    words = triton.cdiv(num_experts, 32)
+    words = cdiv(num_experts, 32)
     dev = topk_ids.device
     ids16 = torch.empty((n_rows, top_k), dtype=torch.int16, device=dev)
     scal = torch.empty((n_rows, top_k), dtype=torch.bfloat16, device=dev)
     bits = torch.empty((n_rows, words), dtype=torch.int32, device=dev)
     sums = torch.empty(words * 32, dtype=torch.int32, device=dev)
-    grid = (max(1, triton.cdiv(n_rows, ROWS_PER_PROGRAM)),)
-    _routing_inputs_kernel[grid](topk_ids.contiguous(), topk_weights.contiguous(), ids16,
-                                 scal.view(torch.int16), bits, sums, n_rows, TOP_K=top_k,
-                                 BLOCK_K=triton.next_power_of_2(top_k), BIT_WORDS=words,
-                                 BLOCK_M=ROWS_PER_PROGRAM)
+    _ROUTING_INPUTS((max(1, cdiv(n_rows, ROWS_PER_PROGRAM)),), topk_ids.contiguous(),
+                    topk_weights.contiguous(), ids16, scal.view(torch.int16), bits, sums, n_rows,
+                    num_warps=4, TOP_K=top_k, BLOCK_K=next_pow2(top_k), BIT_WORDS=words,
+                    BLOCK_M=ROWS_PER_PROGRAM)
     return ids16, scal, bits.view(torch.uint32), sums
 
 
