@@ -60,7 +60,28 @@ def _lora_choice(config, activation_key):
 
 
 def _select(config, activation_key=None):
-    return _lora_choice(config, activation_key) or _original(config, activation_key)
+    choice = _lora_choice(config, activation_key)
+    if choice is None:
+        return _original(config, activation_key)
+    _warm_up_routing(config)
+    return choice
+
+
+def _warm_up_routing(config) -> None:
+    """Compiles ``kernels.mxfp4_routing``'s kernel for the layer's experts and top-k while the
+    model is built (before vLLM's profile run and graph capture), so none compiles while
+    serving (``kernels.vllm_cuda_warmup`` reports any that does)."""
+    from kernels.mxfp4_routing import routing_inputs
+    from kernels.vllm_cuda_warmup import compiling_on_purpose
+
+    device = getattr(config, "device", None)
+    if device is None or torch.device(device).type != "cuda":
+        return
+    k = config.experts_per_token
+    with compiling_on_purpose():
+        routing_inputs(torch.zeros(1, k, dtype=torch.int32, device=device),
+                       torch.zeros(1, k, dtype=torch.float32, device=device),
+                       config.num_local_experts)
 
 
 def _oai():

@@ -25,7 +25,7 @@ import torch
 WARM_UP_MS = (1, 4, 16, 64, 256, 1024, 4096)
 OUR_KERNELS = ("_moe_lora_shrink_kernel", "_moe_lora_expand_kernel", "_moe_lora_align_kernel",
                "_moe_lora_count_kernel", "_moe_lora_place_kernel", "_dense_lora_shrink_kernel",
-               "_dense_lora_expand_kernel")
+               "_dense_lora_expand_kernel", "_routing_inputs_kernel")
 COMPILES_DURING_SERVING: list[str] = []
 _warmed: set[tuple] = set()
 _done: list[bool] = []  # a warm-up has finished in this process

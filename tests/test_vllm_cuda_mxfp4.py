@@ -77,3 +77,21 @@ def test_install_wraps_the_name_the_mxfp4_method_calls(vllm_side, monkeypatch):
         vllm_cuda_mxfp4.uninstall()
     assert mxfp4.select_mxfp4_moe_backend(moe_config())[0] == "vllm's own"
     monkeypatch.setattr(mxfp4, "select_mxfp4_moe_backend", original)
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU")
+def test_choosing_the_unfused_backend_compiles_the_routing_kernel(vllm_side):
+    """The layer's routing-inputs kernel compiles while the model is built: a step's call
+    (any number of rows) then finds its variant."""
+    import torch
+
+    from kernels import mxfp4_routing
+
+    config = moe_config()
+    config.device, config.experts_per_token, config.num_local_experts = "cuda", 4, 32
+    vllm_cuda_mxfp4._select(config)
+    variants = dict(mxfp4_routing._ROUTING_INPUTS.variants)
+    assert variants
+    ids = (torch.arange(1200, dtype=torch.int32, device="cuda") % 32).view(300, 4)
+    mxfp4_routing.routing_inputs(ids, torch.rand(300, 4, device="cuda"), 32)
+    assert mxfp4_routing._ROUTING_INPUTS.variants == variants
