@@ -22,7 +22,8 @@ from collections.abc import Sequence
 from dataclasses import asdict
 
 from kernels.triton_dense_lora import DENSE_CONFIG_BUCKET_MS, DenseLoRAConfig, dense_config
-from kernels.triton_moe_lora_configs import device_slug_of, load_device_file, pick_bucket
+from kernels.triton_moe_lora_configs import (device_slug_of, load_device_file, pick_bucket,
+                                             untuned_ms)
 
 PREFIX = "dense_lora"
 
@@ -58,9 +59,10 @@ def layer_dense_config(m: int, in_features: int, out_features: tuple[int, ...], 
 
 def warm_up_configs(in_features: int, out_features: tuple[int, ...], rank: int, num_slots: int,
                     device_index: int | None) -> list[tuple[int, DenseLoRAConfig]]:
-    """``[(M, config)]`` covering every config a batch of this shape can get: the tuned buckets
-    when the shape is tuned, else one M per heuristic bucket."""
+    """``[(M, config)]`` covering every config a batch of this shape can get: the tuned buckets,
+    and one M per heuristic bucket beyond the tuned reach (all of them when nothing is tuned)."""
     key = dense_shape_key(in_features, out_features, rank, num_slots)
-    ms = sorted(int(m) for m in _tuned(device_index, key)) or list(DENSE_CONFIG_BUCKET_MS)
+    tuned = sorted(int(m) for m in _tuned(device_index, key))
+    ms = tuned + untuned_ms(tuned, DENSE_CONFIG_BUCKET_MS)
     return [(m, layer_dense_config(m, in_features, out_features, rank, num_slots, device_index))
             for m in ms]

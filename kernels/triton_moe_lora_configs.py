@@ -18,7 +18,9 @@ large batches; absent: false), whether a naive layout runs each projection as on
      "shrink2": {...}, "expand2": {...}}
 
 Lookup: exact device and shape; the bucket is the largest tuned M not above the batch's M (the
-smallest one when M is below all). Anything not tuned falls back to ``default_layer_config``.
+smallest one when M is below all), for batches up to ``TUNED_REACH`` times the largest tuned M.
+Anything else falls back to ``default_layer_config`` (the warm-ups compile its variants for the
+batch sizes past the tuned reach too).
 """
 
 from __future__ import annotations
@@ -128,14 +130,34 @@ def load_device_file(prefix: str, slug: str) -> dict:
     return json.loads(path.read_text()).get("shapes", {})
 
 
+# A batch above a shape's largest tuned bucket takes that bucket's config up to this many times
+# its M; larger batches get the heuristic (a file tuned for decode sizes only says nothing
+# about prefill: a 16-token config at 8192 tokens would run a 16-row block layout).
+TUNED_REACH = 2
+
+
 def pick_bucket(buckets: dict, num_tokens: int):
     """The entry of the largest M bucket not above ``num_tokens`` (the smallest bucket's when
-    ``num_tokens`` is below all; None when there is none)."""
+    ``num_tokens`` is below all); None when there is none or ``num_tokens`` is beyond
+    ``TUNED_REACH`` times the largest."""
     if not buckets:
         return None
     ms = sorted(int(m) for m in buckets)
+    if num_tokens > TUNED_REACH * ms[-1]:
+        return None
     below = [m for m in ms if m <= num_tokens]
     return buckets[str(below[-1] if below else ms[0])]
+
+
+def untuned_ms(tuned_ms, heuristic_ms) -> list[int]:
+    """The batch sizes to warm the heuristic up at for a shape tuned at ``tuned_ms``
+    (``heuristic_ms``: one M per heuristic bucket, the last standing for all larger batches):
+    all of them when nothing is tuned, else the first M past the tuned reach and those beyond
+    it — none when the tuned buckets reach past the heuristic's last."""
+    if not tuned_ms:
+        return list(heuristic_ms)
+    reach, top = TUNED_REACH * max(tuned_ms), max(heuristic_ms)
+    return sorted({m for m in (reach + 1, *heuristic_ms) if reach < m <= top})
 
 
 @functools.lru_cache(maxsize=4096)

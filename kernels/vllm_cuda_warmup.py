@@ -48,7 +48,7 @@ def warm_up_layer(ctx, top_k: int) -> None:
     launch; once per shape and process, never during CUDA-graph capture."""
     if id(ctx) in _done_contexts:  # the per-step path: one set lookup
         return
-    from kernels.triton_moe_lora_configs import get_layer_config, tuned_layer_configs
+    from kernels.triton_moe_lora_configs import get_layer_config, tuned_layer_configs, untuned_ms
     from kernels.triton_moe_lora_ops import warm_up
 
     a13 = ctx.w13_lora_a_stacked
@@ -62,8 +62,9 @@ def warm_up_layer(ctx, top_k: int) -> None:
     shape = dict(hidden=a13[0].shape[-1], intermediate=ctx.w2_lora_a_stacked[0].shape[-1],
                  num_experts=ctx.local_num_experts, top_k=top_k, rank=a13[0].shape[-2],
                  num_slots=ctx.max_loras, device=a13[0].device)
-    configs = tuned_layer_configs(**shape) or [(m, get_layer_config(m, **shape))
-                                               for m in WARM_UP_MS]
+    tuned = tuned_layer_configs(**shape)  # and the heuristic beyond the tuned batch sizes
+    configs = tuned + [(m, get_layer_config(m, **shape))
+                       for m in untuned_ms([m for m, _ in tuned], WARM_UP_MS)]
     with compiling_on_purpose():
         warm_up(a13, ctx.w13_lora_b_stacked, ctx.w2_lora_a_stacked[0], ctx.w2_lora_b_stacked[0],
                 ctx.local_num_experts, top_k, configs)

@@ -61,8 +61,23 @@ def device_file(tmp_path, monkeypatch):
 def test_lookup_takes_the_largest_tuned_bucket_not_above_m(device_file):
     assert layer_dense_config(1, *QKV, 0) == device_file[16]  # below all: the smallest
     assert layer_dense_config(1000, *QKV, 0) == device_file[16]
-    assert layer_dense_config(8192, *QKV, 0) == device_file[1024]
-    assert warm_up_configs(*QKV, 0) == [(16, device_file[16]), (1024, device_file[1024])]
+    assert layer_dense_config(2048, *QKV, 0) == device_file[1024]  # within twice the largest
+    # beyond it the heuristic (a file tuned for small batches says nothing about prefill)
+    assert layer_dense_config(2049, *QKV, 0) == dense_config(2049, 2880, 3)
+    assert layer_dense_config(8192, *QKV, 0) == dense_config(8192, 2880, 3)
+    # the warm-up compiles the tuned buckets and the heuristic's beyond the tuned reach
+    assert warm_up_configs(*QKV, 0) == [(16, device_file[16]), (1024, device_file[1024]),
+                                        (2049, dense_config(2049, 2880, 3)),
+                                        (4097, dense_config(4097, 2880, 3))]
+
+
+def test_heuristic_batch_sizes_to_warm_up_past_the_tuned_reach():
+    from kernels.triton_moe_lora_configs import TUNED_REACH, untuned_ms
+
+    heuristic = (1, 4, 16, 64, 256, 1024, 4096)
+    assert untuned_ms([], heuristic) == list(heuristic)  # nothing tuned: every bucket
+    assert TUNED_REACH == 2 and untuned_ms([1, 4, 16], heuristic) == [33, 64, 256, 1024, 4096]
+    assert untuned_ms([1, 8192], heuristic) == []  # tuned beyond the heuristic's last bucket
 
 
 def test_untuned_shape_or_device_uses_the_heuristic(device_file):
@@ -85,3 +100,27 @@ def test_a_tuner_run_is_added_to_the_shapes_provenance_not_put_in_its_place():
     assert runs[1]["buckets"] == [4096] and runs[1]["date"] == "2026-11-29"
     assert data["provenance"]["other"] == {"runs": [{"command": "c", "date": "d",
                                                       "buckets": [1, 16]}]}
+
+
+def test_moe_lookup_falls_back_to_the_heuristic_past_the_tuned_reach(tmp_path, monkeypatch):
+    """A MoE shape tuned at decode sizes only (as the Qwen3 entry is): prefill batches do not
+    get the 16-token layout."""
+    from kernels.triton_moe_lora_configs import (default_layer_config, dump_layer_config,
+                                                 shape_key)
+
+    monkeypatch.setattr(triton_moe_lora_configs, "CONFIG_DIR", tmp_path)
+    triton_moe_lora_configs.load_device_file.cache_clear()
+    triton_moe_lora_configs._lookup.cache_clear()
+    key = shape_key(2048, 768, 128, 8, 32, 8)
+    tuned = default_layer_config(16, 8, 128, 8)
+    data = triton_moe_lora_configs.open_config_file(tmp_path / "moe_lora_TEST_GPU.json", "T")
+    data["shapes"][key] = {"16": dump_layer_config(tuned)}
+    triton_moe_lora_configs.save_config_file(tmp_path / "moe_lora_TEST_GPU.json", data)
+    try:
+        want = triton_moe_lora_configs.parse_layer_config(dump_layer_config(tuned))
+        assert triton_moe_lora_configs._lookup("TEST_GPU", key, 32) == want  # within twice 16
+        assert triton_moe_lora_configs._lookup("TEST_GPU", key, 33) is None
+        assert triton_moe_lora_configs._lookup("TEST_GPU", key, 8192) is None
+    finally:
+        triton_moe_lora_configs.load_device_file.cache_clear()
+        triton_moe_lora_configs._lookup.cache_clear()
