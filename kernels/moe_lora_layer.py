@@ -41,32 +41,36 @@ class MoELoRALayer:
         self._down = PlanTable(self.MAX_CALLS)
 
     def gate_up(self, y13: torch.Tensor, x: torch.Tensor, topk_ids: torch.Tensor,
-                token_lora: torch.Tensor, enabled: torch.Tensor,
-                add_inputs: bool = True) -> "MoELoRAStep":
+                token_lora: torch.Tensor, enabled: torch.Tensor, add_inputs: bool = True,
+                act: torch.Tensor | None = None) -> "MoELoRAStep":
         """``y13 [M*K, 2I] (+)= (x [M, H] A13^T) B13^T`` for the rows with expert LoRA
         (``topk_ids [M, K]``, ``token_lora [>=M]`` slot or -1, ``enabled [L]``); returns the
-        step, for ``down``."""
+        step, for ``down``. ``act [M*K, I]``: those rows' GPT-OSS swiglu goes there instead
+        (``step.act_done``; not for two gate/up slices or the fused tiny-batch launch, which
+        add into ``y13`` as without it)."""
         m, k = topk_ids.shape
         key = (m, k, enabled.shape[0], x.stride(0), y13.stride(0), x.dtype, y13.dtype,
-               topk_ids.dtype, token_lora.dtype, enabled.dtype, add_inputs)
+               topk_ids.dtype, token_lora.dtype, enabled.dtype, add_inputs,
+               None if act is None else (act.stride(0), act.dtype))
         fast = (self.aligned and topk_ids.is_contiguous()
                 and topk_ids.dtype == token_lora.dtype == enabled.dtype == torch.int32
-                and aligned16(x, y13, topk_ids, token_lora, enabled))
+                and aligned16(x, y13, topk_ids, token_lora, enabled,
+                              *(() if act is None else (act,))))
         call = self._up.get(key) if fast else None
         if call is None:
             ops = MoELoRAOps(topk_ids, token_lora, enabled, num_experts=self.num_experts,
                              hidden=self.hidden, intermediate=self.intermediate,
                              rank=self.rank, num_slots=self.num_slots)
-            ops.add_w13(y13, x, self.a13, self.b13, add_inputs=add_inputs)
+            act_done = ops.add_w13(y13, x, self.a13, self.b13, add_inputs=add_inputs, act=act)
             bl = ops.blocks
             if (fast and not ops.fused and not bl.naive and bl.align_plans
                     and ops.launches13 is not None and None not in ops.launches13):
                 layout = block_layout(bl.num_rows, enabled.shape[0] * self.num_experts,
                                       bl.block_m, len(bl.align_plans) == 2)
                 self._up.put(key, (layout, bl.align_plans, *ops.launches13, ops.cfg,
-                                   ops.use_pdl))
-            return MoELoRAStep(self, ops, fast and not ops.fused and not bl.naive)
-        (max_blocks, starts, sizes), align_plans, shrink, expand, cfg, pdl = call
+                                   ops.use_pdl, act_done))
+            return MoELoRAStep(self, ops, fast and not ops.fused and not bl.naive, act_done)
+        (max_blocks, starts, sizes), align_plans, shrink, expand, cfg, pdl, act_done = call
         dev = x.device
         tables = layout_tables(torch.empty(starts[-1], dtype=torch.int32, device=dev), starts,
                                sizes)
@@ -78,21 +82,24 @@ class MoELoRALayer:
                   enabled)
         part = torch.empty(shrink.extra, dtype=torch.float32, device=dev)
         shrink.launch(stream, x, self.a13[0], self.a13[-1], part, *blocks)
-        expand.launch(stream, y13, self.b13[0], self.b13[-1], part, part, part, *blocks)
+        expand.launch(stream, y13, act if act_done else y13, self.b13[0], self.b13[-1], part,
+                      part, part, *blocks)
         layout = MoELoRABlocks(sorted_rows, block_pair, block_nrows, num_blocks, max_blocks,
                                cfg["block_m"], m * k, k, self.num_experts, False, topk_ids,
                                token_lora, enabled, align_plans)
-        return MoELoRAStep(self, MoELoRAOps.from_blocks(layout, cfg, pdl), True)
+        return MoELoRAStep(self, MoELoRAOps.from_blocks(layout, cfg, pdl), True, act_done)
 
 
 class MoELoRAStep:
     """One step's block layout and config (``MoELoRAOps``), from ``MoELoRALayer.gate_up`` to
-    ``down``; ``fast``: its tensors allow the layer's kept launches."""
+    ``down``; ``fast``: its tensors allow the layer's kept launches; ``act_done``: gate_up
+    wrote the activation of its rows (``act``) instead of adding into ``y13``."""
 
-    __slots__ = ("layer", "ops", "fast")
+    __slots__ = ("layer", "ops", "fast", "act_done")
 
-    def __init__(self, layer: MoELoRALayer, ops: MoELoRAOps, fast: bool) -> None:
-        self.layer, self.ops, self.fast = layer, ops, fast
+    def __init__(self, layer: MoELoRALayer, ops: MoELoRAOps, fast: bool,
+                 act_done: bool = False) -> None:
+        self.layer, self.ops, self.fast, self.act_done = layer, ops, fast, act_done
 
     def down(self, y2: torch.Tensor, h: torch.Tensor, topk_weights: torch.Tensor,
              add_inputs: bool = True) -> None:
@@ -116,4 +123,4 @@ class MoELoRAStep:
         stream = raw_stream(h.device)
         part = torch.empty(shrink.extra, dtype=torch.float32, device=h.device)
         shrink.launch(stream, h, layer.a2, layer.a2, part, *blocks)
-        expand.launch(stream, y2, layer.b2, layer.b2, part, part, tw, *blocks)
+        expand.launch(stream, y2, y2, layer.b2, layer.b2, part, part, tw, *blocks)

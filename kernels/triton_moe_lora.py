@@ -5,7 +5,8 @@ Rows are sorted into (adapter, expert) blocks by ``kernels.moe_lora_align`` (one
 - shrink: ``part[s, b*BM + i, slice*RP + j] = sum_{k in split s} x[row_i, k] * A[a, e, j, k]``
   (fp32 partial sums, one per split-K part: no atomics, no zero-fill, deterministic),
 - expand: ``y[row_i, slice*N + n] += scale_a * (w_row) * sum_j (sum_s part[s, ...]) * B[a, e, n, j]``
-  (the split-K reduction is done while loading the expand's left operand; the add is fused).
+  (the split-K reduction is done while loading the expand's left operand; the add is fused;
+  with ``act``, GPT-OSS's swiglu of the sum goes to ``act`` instead: ``triton_moe_lora_act``).
 
 Layouts (vLLM's MoE-LoRA stacks, and ``kernels/reference.py``):
 ``A [L, E, r, in]``, ``B [L, E, N, r]``; ``x`` is ``[M, H]`` for gate_up (row ``t*K+k`` reads token
@@ -33,6 +34,7 @@ from kernels.moe_lora_align import MoELoRABlocks
 from kernels.triton_launch import (CachedLauncher, LaunchPlans, PreparedLaunch, aligned16, cdiv,
                                     next_pow2, raw_stream)
 from kernels.triton_lora_common import as_slices, rank_pad, shrink_tile, split_k_plan
+from kernels.triton_moe_lora_act import SWIGLU_ALPHA, SWIGLU_LIMIT, swiglu_oai
 from kernels.triton_moe_lora_configs import OpConfig
 
 
@@ -107,16 +109,16 @@ def _moe_lora_shrink_kernel(
 
 @triton.jit(do_not_specialize=["split_k"])
 def _moe_lora_expand_kernel(
-    y_ptr, b0_ptr, b1_ptr, part_ptr, scale_ptr, topk_w_ptr,
+    y_ptr, act_ptr, b0_ptr, b1_ptr, part_ptr, scale_ptr, topk_w_ptr,
     sorted_rows_ptr, block_pair_ptr, block_nrows_ptr, num_blocks_ptr,
     topk_ids_ptr, token_lora_ptr, enabled_ptr, top_k,
     out_features, rank, num_experts, split_k,
-    stride_ym, stride_bl, stride_be, stride_bn,
-    stride_ps, stride_pm,
+    stride_ym, stride_am, stride_bl, stride_be, stride_bn,
+    stride_ps, stride_pm, swiglu_alpha, swiglu_limit,
     BM: tl.constexpr, RP: tl.constexpr, BLOCK_N: tl.constexpr,
     EVEN_N: tl.constexpr, EVEN_R: tl.constexpr, NUM_SLICES: tl.constexpr,
     HAS_SCALE: tl.constexpr, MUL_ROUTED_WEIGHT: tl.constexpr, ADD_INPUTS: tl.constexpr,
-    NAIVE: tl.constexpr, USE_PDL: tl.constexpr,
+    NAIVE: tl.constexpr, USE_PDL: tl.constexpr, SWIGLU: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_b = tl.program_id(1)
@@ -166,7 +168,16 @@ def _moe_lora_expand_kernel(
         acc *= w[:, None]
     if ADD_INPUTS:
         acc += y_old.to(tl.float32)
-    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=y_mask)
+    if SWIGLU:  # act instead of y (one slice, gate/up interleaved: kernels.triton_moe_lora_act)
+        z = acc.to(y_ptr.dtype.element_ty).to(tl.float32)  # the value y would have held
+        gate, up = tl.split(tl.reshape(z, (BM, BLOCK_N // 2, 2)))
+        offs_h = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+        a_ptrs = act_ptr + rows.to(tl.int64)[:, None] * stride_am + offs_h[None, :]
+        a_mask = row_ok[:, None] & (offs_h < out_features // 2)[None, :]
+        tl.store(a_ptrs, swiglu_oai(gate, up, swiglu_alpha, swiglu_limit).to(
+            act_ptr.dtype.element_ty), mask=a_mask)
+    else:
+        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=y_mask)
 
 
 _SHRINK_PLANS = LaunchPlans(CachedLauncher(_moe_lora_shrink_kernel))
@@ -268,8 +279,12 @@ def moe_lora_expand(
 
 
 def expand_with_plan(y, part, lora_b, blocks, cfg, scaling=None, topk_weights=None,
-                     add_inputs=True, use_pdl=False) -> PreparedLaunch | None:
-    """``moe_lora_expand`` returning the prepared launch it used (None: nothing launched)."""
+                     add_inputs=True, use_pdl=False, act=None,
+                     swiglu=(SWIGLU_ALPHA, SWIGLU_LIMIT)) -> PreparedLaunch | None:
+    """``moe_lora_expand`` returning the prepared launch it used (None: nothing launched).
+
+    ``act [M*K, N/2]``: write the rows' swiglu ``(alpha, limit)`` activation there instead of
+    ``y`` (one slice of N interleaved gate/up columns; ``kernels.triton_moe_lora_act``)."""
     b = as_slices(lora_b)
     num_slices = len(b)
     bl = blocks
@@ -277,32 +292,36 @@ def expand_with_plan(y, part, lora_b, blocks, cfg, scaling=None, topk_weights=No
         return None
     tw = topk_weights.reshape(-1) if topk_weights is not None else part
     sc = scaling if scaling is not None else part
+    ac = act if act is not None else y
     key = (cfg, bl.max_blocks, bl.block_m, bl.naive, bl.top_k, bl.num_experts, y.stride(0),
            y.dtype, b[0].shape,
            b[0].stride(), num_slices, part.shape, scaling is not None, topk_weights is not None,
-           tw.dtype, sc.dtype, add_inputs, use_pdl,
-           aligned16(y, b[0], b[-1], part, sc, tw, bl.topk_ids, bl.token_lora, bl.enabled))
+           tw.dtype, sc.dtype, add_inputs, use_pdl, act is not None, ac.stride(0), ac.dtype,
+           swiglu, aligned16(y, ac, b[0], b[-1], part, sc, tw, bl.topk_ids, bl.token_lora,
+                             bl.enabled))
     plan = _EXPAND_PLANS.get(key)
     blocks_args = (bl.sorted_rows, bl.block_pair, bl.block_nrows, bl.num_blocks, bl.topk_ids,
                    bl.token_lora, bl.enabled)
     if plan is not None:
-        plan.launch(raw_stream(y.device), y, b[0], b[-1], part, sc, tw, *blocks_args)
+        plan.launch(raw_stream(y.device), y, ac, b[0], b[-1], part, sc, tw, *blocks_args)
         return plan
     out_features, rank = b[0].shape[-2], b[0].shape[-1]
     rp = rank_pad(rank)
-    assert y.stride(-1) == 1 and all(t.stride(-1) == 1 for t in b)
+    assert y.stride(-1) == 1 and ac.stride(-1) == 1 and all(t.stride(-1) == 1 for t in b)
     assert all(t.shape == b[0].shape and t.stride() == b[0].stride() for t in b)
     assert y.shape[-1] >= num_slices * out_features, (y.shape, num_slices, out_features)
     block_n = min(cfg.block_n, max(16, next_pow2(out_features)))
+    if act is not None:
+        assert num_slices == 1 and out_features % 2 == 0 and act.shape[-1] >= out_features // 2
     return _EXPAND_PLANS.launch_new(
         key, (cdiv(out_features, block_n), bl.max_blocks, num_slices),
-        (y, b[0], b[-1], part, sc, tw, *blocks_args, bl.top_k,
+        (y, ac, b[0], b[-1], part, sc, tw, *blocks_args, bl.top_k,
          out_features, rank, bl.num_experts, part.shape[0],
-         y.stride(0), b[0].stride(0), b[0].stride(1), b[0].stride(2),
-         part.stride(0), part.stride(1)),
+         y.stride(0), ac.stride(0), b[0].stride(0), b[0].stride(1), b[0].stride(2),
+         part.stride(0), part.stride(1), float(swiglu[0]), float(swiglu[1])),
         dict(BM=bl.block_m, RP=rp, BLOCK_N=block_n,
              EVEN_N=out_features % block_n == 0, EVEN_R=rank == rp, NUM_SLICES=num_slices,
              HAS_SCALE=scaling is not None, MUL_ROUTED_WEIGHT=topk_weights is not None,
-             ADD_INPUTS=add_inputs, NAIVE=bl.naive, USE_PDL=use_pdl,
+             ADD_INPUTS=add_inputs, NAIVE=bl.naive, USE_PDL=use_pdl, SWIGLU=act is not None,
              num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=use_pdl),
-        lead=6 + len(blocks_args))
+        lead=7 + len(blocks_args))

@@ -14,6 +14,7 @@ import torch
 from kernels.moe_lora_align import ALIGN_CHUNKS, PARALLEL_CHUNK, align_moe_lora
 from kernels.triton_lora_common import as_slices, pdl_supported
 from kernels.triton_moe_lora import expand_with_plan, shrink_with_plan
+from kernels.triton_moe_lora_act import SWIGLU_ALPHA, SWIGLU_LIMIT, swiglu_rows_without_lora
 from kernels.triton_moe_lora_configs import get_layer_config
 from kernels.triton_moe_lora_fused import moe_lora_fused
 
@@ -64,17 +65,26 @@ class MoELoRAOps:
         return ops
 
     def add_w13(self, y13: torch.Tensor, x: torch.Tensor, a13, b13,
-                scaling: torch.Tensor | None = None, add_inputs: bool = True) -> None:
-        """gate_up: ``y13 [M*K, 2I] (+)= scale * (x A13^T) B13^T`` for rows with expert LoRA."""
+                scaling: torch.Tensor | None = None, add_inputs: bool = True,
+                act: torch.Tensor | None = None) -> bool:
+        """gate_up: ``y13 [M*K, 2I] (+)= scale * (x A13^T) B13^T`` for rows with expert LoRA;
+        with ``act [M*K, I]`` and one slice, those rows' GPT-OSS swiglu is written there instead
+        (``kernels.triton_moe_lora_act``). Returns whether it was (not by the fused tiny-batch
+        launch, nor for two slices: they add into ``y13``)."""
+        b13 = as_slices(b13)
+        if act is not None and (self.fused or len(b13) != 1):
+            act = None
         if self.fused:
             moe_lora_fused(y13, x, a13, b13, self.blocks, self.blocks.top_k, scaling=scaling,
                            add_inputs=add_inputs)
-            return
+            return False
         part, shrink = shrink_with_plan(x, a13, self.blocks, self.blocks.top_k,
                                         self.cfg["shrink13"], use_pdl=self.use_pdl)
         expand = expand_with_plan(y13, part, b13, self.blocks, self.cfg["expand13"],
-                                  scaling=scaling, add_inputs=add_inputs, use_pdl=self.use_pdl)
+                                  scaling=scaling, add_inputs=add_inputs, use_pdl=self.use_pdl,
+                                  act=act)
         self.launches13 = (shrink, expand)
+        return act is not None
 
     def add_w2(self, y2: torch.Tensor, h: torch.Tensor, a2, b2, topk_weights: torch.Tensor | None,
                scaling: torch.Tensor | None = None, add_inputs: bool = True) -> None:
@@ -99,12 +109,14 @@ def warm_up(
     num_experts: int,
     top_k: int,
     configs: Sequence[tuple[int, dict]],
+    swiglu: bool = False,
 ) -> None:
     """Compiles every kernel variant that the layer configs ``[(M, config)]`` can launch, so no
     batch size compiles during serving. Runs each config once at its M on zero inputs (outputs
     go to scratch buffers; the weights are only read), plus the align program at each of its
-    row-chunk sizes and the parallel align where a config uses it. Call outside CUDA-graph
-    capture.
+    row-chunk sizes and the parallel align where a config uses it. ``swiglu``: also the gate_up
+    expand with the activation folded in and its complement (``kernels.triton_moe_lora_act``:
+    the MXFP4 experts' path). Call outside CUDA-graph capture.
     """
     a13, b13 = as_slices(lora_a13), as_slices(lora_b13)
     dev = a13[0].device
@@ -122,6 +134,12 @@ def warm_up(
         ops = MoELoRAOps(ids, lora, enabled, num_experts, hidden, inter, rank, slots, config=cfg)
         y13 = torch.zeros(m * top_k, n13, dtype=a13[0].dtype, device=dev)
         ops.add_w13(y13, torch.zeros(m, hidden, dtype=a13[0].dtype, device=dev), a13, b13)
+        if swiglu and len(b13) == 1:
+            act = torch.empty(m * top_k, n13 // 2, dtype=a13[0].dtype, device=dev)
+            ops.add_w13(y13, torch.zeros(m, hidden, dtype=a13[0].dtype, device=dev), a13, b13,
+                        act=act)
+            swiglu_rows_without_lora(act, y13, ids, lora, enabled, num_experts, SWIGLU_ALPHA,
+                                     SWIGLU_LIMIT)
         y2 = torch.zeros(m * top_k, hidden, dtype=a13[0].dtype, device=dev)
         ops.add_w2(y2, torch.zeros(m * top_k, inter, dtype=a13[0].dtype, device=dev), lora_a2,
                    lora_b2, torch.ones(m, top_k, device=dev))

@@ -26,8 +26,12 @@ vLLM's version, row for row. The routing data comes from ``kernels.mxfp4_routing
 data as vLLM's ``make_routing_data``, its inputs prepared in one launch instead of seven). A
 step without expert LoRA (no adapter, or none with expert weights) runs vLLM's fused Triton path
 instead — the activation inside the w13 GEMM, the top-k sum inside the w2 GEMM — as an engine
-without LoRA does, so enabling LoRA costs such steps nothing here. Expert parallelism
-(``expert_map``) and router weights applied to the input keep vLLM's own ``apply``.
+without LoRA does, so enabling LoRA costs such steps nothing here. In a step with expert LoRA
+and loraplex's ops, the activation is folded into the gate_up LoRA expand
+(``vllm_cuda.gate_up_with_swiglu``): its rows' activation comes from the expand's sum, the other
+rows' from a small kernel, and the ``[M*K, N]`` output is not written back and read again.
+Expert parallelism (``expert_map``) and router weights applied to the input keep vLLM's own
+``apply``.
 """
 
 from __future__ import annotations
@@ -158,12 +162,20 @@ def _apply_pair_order(self, output, hidden_states, w1, w2, topk_weights, topk_id
     oai.matmul_ogs(hidden_states, w1, quant.w1_bias, routing, gather_indx=token_gather,
                    scatter_indx=scatter, precision_config=quant.w1_precision, y=y13)
     y13 = y13.view(rows, n)
-    step = (None, None, None, None)
-    if lora is not None:
+    step, act_done = (None, None, None, None), False
+    fold = None
+    if lora is not None and _fused_applies(oai, activation, quant):
+        from kernels import vllm_cuda  # (imports this module)
+
+        fold = vllm_cuda.gate_up_with_swiglu(lora, y13, act, hidden_states, topk_ids)
+    if fold is not None:  # loraplex's gate_up, the activation folded into its expand
+        step, act_done = fold
+    elif lora is not None:
         step = self.apply_w13_lora(lora, y=y13, x=hidden_states, topk_ids=topk_ids,
                                    topk_weights=topk_weights, expert_map=None, w1=w1, w2=w2,
                                    num_tokens=m, top_k_num=top_k)
-    self.activation(activation, act, y13)
+    if not act_done:
+        self.activation(activation, act, y13)
     oai.matmul_ogs(act, w2, quant.w2_bias, routing, gather_indx=gather, scatter_indx=scatter,
                    precision_config=quant.w2_precision, gammas=routing.gate_scal, y=y2)
     if lora is not None:

@@ -25,7 +25,8 @@ import torch
 WARM_UP_MS = (1, 4, 16, 64, 256, 1024, 4096)
 OUR_KERNELS = ("_moe_lora_shrink_kernel", "_moe_lora_expand_kernel", "_moe_lora_align_kernel",
                "_moe_lora_count_kernel", "_moe_lora_place_kernel", "_dense_lora_shrink_kernel",
-               "_dense_lora_expand_kernel", "_routing_inputs_kernel")
+               "_dense_lora_expand_kernel", "_routing_inputs_kernel",
+               "_swiglu_rows_without_lora_kernel")
 COMPILES_DURING_SERVING: list[str] = []
 _warmed: set[tuple] = set()
 _done: list[bool] = []  # a warm-up has finished in this process
@@ -43,9 +44,10 @@ def vllm_logger() -> logging.Logger:
     return log
 
 
-def warm_up_layer(ctx, top_k: int) -> None:
+def warm_up_layer(ctx, top_k: int, swiglu: bool = False) -> None:
     """Compiles every kernel variant the tuned (or default) configs of this layer shape can
-    launch; once per shape and process, never during CUDA-graph capture."""
+    launch (``swiglu``: also those folding GPT-OSS's activation into gate_up, for the MXFP4
+    experts); once per shape and process, never during CUDA-graph capture."""
     if id(ctx) in _done_contexts:  # the per-step path: one set lookup
         return
     from kernels.triton_moe_lora_configs import get_layer_config, tuned_layer_configs, untuned_ms
@@ -53,7 +55,7 @@ def warm_up_layer(ctx, top_k: int) -> None:
 
     a13 = ctx.w13_lora_a_stacked
     key = (tuple(a13[0].shape), len(a13), tuple(ctx.w2_lora_a_stacked[0].shape), top_k,
-           a13[0].dtype, a13[0].device)
+           a13[0].dtype, a13[0].device, swiglu)
     if key in _warmed:
         _done_contexts.add(id(ctx))
         return
@@ -67,7 +69,7 @@ def warm_up_layer(ctx, top_k: int) -> None:
                        for m in untuned_ms([m for m, _ in tuned], WARM_UP_MS)]
     with compiling_on_purpose():
         warm_up(a13, ctx.w13_lora_b_stacked, ctx.w2_lora_a_stacked[0], ctx.w2_lora_b_stacked[0],
-                ctx.local_num_experts, top_k, configs)
+                ctx.local_num_experts, top_k, configs, swiglu=swiglu)
     _warmed.add(key)
     _done_contexts.add(id(ctx))
     if a13[0].is_cuda:

@@ -259,7 +259,8 @@ def test_gpu_model_shapes_bf16(shape, num_tokens):
 
 
 @needs_triton
-def test_warm_up_runs_every_config_and_leaves_weights_alone():
+@pytest.mark.parametrize("swiglu", [False, True])
+def test_warm_up_runs_every_config_and_leaves_weights_alone(swiglu):
     from kernels.moe_lora_align import align_chunk
     from kernels.triton_moe_lora_ops import warm_up
 
@@ -270,7 +271,7 @@ def test_warm_up_runs_every_config_and_leaves_weights_alone():
     before = [w.clone() for w in (lora.w13_a, lora.w13_b, lora.w2_a, lora.w2_b)]
     configs = [(1, forced_config(16, 2, 16, 16, naive=True)), (6, forced_config(32, 1, 32, 32)),
                (9, forced_config(16, 1, 32, 32, parallel=True))]
-    warm_up(lora.w13_a, lora.w13_b, lora.w2_a, lora.w2_b, 5, 2, configs)
+    warm_up(lora.w13_a, lora.w13_b, lora.w2_a, lora.w2_b, 5, 2, configs, swiglu=swiglu)
     for w, b in zip((lora.w13_a, lora.w13_b, lora.w2_a, lora.w2_b), before):
         assert torch.equal(w, b)
 

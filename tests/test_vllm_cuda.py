@@ -297,3 +297,61 @@ def test_merged_column_apply_goes_through_add_lora_linear_with_one_rank():
         assert vllm_cuda_dense._mcp_apply(x, None, sharded) == "vllm's own"
     finally:
         vllm_cuda_dense._originals.pop("_mcp_apply")
+
+
+@pytest.mark.parametrize("tokens", [3, 7])  # a naive layout (6 rows), a sorted one (14 rows)
+def test_gate_up_with_swiglu_folds_gpt_oss_activation(monkeypatch, tokens):
+    """``gate_up_with_swiglu`` (the MXFP4 experts' gate_up): every row's GPT-OSS swiglu of the
+    w13 output (gate/up interleaved) plus its LoRA delta, from the expand for rows with expert
+    LoRA and from the complement kernel for the others (no adapter, a slot without expert LoRA);
+    twice, so a repeat step takes the layer's kept launches. Interpreter on CPU."""
+    import sys
+    from types import SimpleNamespace
+
+    if not torch.cuda.is_available():
+        if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+            from triton.language import standard
+            from triton.runtime.interpreter import InterpretedFunction
+
+            if not isinstance(standard.sum, InterpretedFunction):
+                pytest.skip("triton already imported without the interpreter in this process")
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    pytest.importorskip("triton")
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    H, I, E, K, L, r, T = 40, 24, 5, 2, 3, 8, tokens
+    g = torch.Generator().manual_seed(tokens)
+
+    def rnd(*s, std=1.0):
+        return (torch.randn(*s, generator=g) * std).to(dev)
+
+    a13, b13 = (rnd(L, E, r, H, std=H**-0.5),), (rnd(L, E, 2 * I, r, std=r**-0.5),)
+    token_lora = torch.tensor([0, -1, 2, 1, 0, 2, -1], dtype=torch.int32, device=dev)[:T]
+    enabled = torch.tensor([1, 0, 1], dtype=torch.int32, device=dev)  # slot 1: no expert LoRA
+    meta = SimpleNamespace(token_lora_mapping=token_lora, no_lora_flag_cpu=torch.tensor([False]))
+    ctx = SimpleNamespace(w13_lora_a_stacked=a13, w13_lora_b_stacked=b13,
+                          w2_lora_a_stacked=(rnd(L, E, r, I),),
+                          w2_lora_b_stacked=(rnd(L, E, H, r),),
+                          adapter_enabled=enabled, max_loras=L, local_num_experts=E,
+                          punica_wrapper=SimpleNamespace(token_mapping_meta=meta))
+    monkeypatch.setattr(vllm_cuda, "_ours_applies", lambda c, x, em: True)
+    monkeypatch.setattr(vllm_cuda, "warm_up_layer", lambda c, k: None)
+    ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)]).to(torch.int32)
+    ids = ids.to(dev)
+    x, y13 = rnd(T, H), rnd(T * K, 2 * I, std=3.0)
+    want = y13.double().clone()
+    for p in range(T * K):
+        t, a = p // K, int(token_lora[p // K])
+        if a >= 0 and int(enabled[a]):
+            e = int(ids[t, p % K])
+            want[p] += (x[t].double() @ a13[0][a, e].double().t()) @ b13[0][a, e].double().t()
+    gate = want[:, 0::2].clamp(max=7.0)
+    up = want[:, 1::2].clamp(-7.0, 7.0)
+    want_act = gate * torch.sigmoid(1.702 * gate) * (up + 1)
+    for _ in range(2):
+        act = torch.full((T * K, I), float("nan"), device=dev)
+        before = y13.clone()
+        step, done = vllm_cuda.gate_up_with_swiglu(ctx, y13, act, x, ids)
+        assert done and step[0].act_done
+        assert torch.equal(y13, before)  # the expand wrote act, not the GEMM output
+        tol = 5e-3 if dev == "cuda" else 1e-5
+        assert float((act.double() - want_act).norm() / want_act.norm()) < tol

@@ -66,7 +66,8 @@ def lora_context(step_has_lora: bool):
     CPU tensor) and the first A stack (for the skip check: not tracked here, never skipped)."""
     meta = SimpleNamespace(no_lora_flag_cpu=torch.tensor(not step_has_lora))
     return SimpleNamespace(punica_wrapper=SimpleNamespace(token_mapping_meta=meta),
-                           w13_lora_a_stacked=[torch.zeros(1)])
+                           w13_lora_a_stacked=[torch.zeros(1)], local_token_lora_mapping=None,
+                           fully_sharded=False, tp_size=1)  # a CPU stack: vLLM's hooks run
 
 
 class Experts:

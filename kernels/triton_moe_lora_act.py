@@ -1,0 +1,75 @@
+"""GPT-OSS's swiglu activation folded into the gate_up LoRA expand, and its complement.
+
+Under LoRA the MXFP4 experts write the w13 GEMM's output ``y13 [M*K, 2I]`` (gate and up columns
+interleaved), the gate_up expand adds the LoRA delta to it in place, and a separate kernel turns
+it into the activation ``act [M*K, I]``: the whole ``[M*K, 2I]`` tensor is written and read once
+more than needed (0.75 GB per layer at 8192 tokens). With ``act`` given, the expand
+(``kernels.triton_moe_lora``, ``SWIGLU``) computes the activation of the rows it owns (those
+with expert LoRA) from its fp32 sum and writes ``act`` instead of ``y13``;
+``swiglu_rows_without_lora`` does the other rows, reading ``y13`` as the GEMM left it.
+
+Activation (vLLM's ``swigluoai_and_mul``): ``gate = min(y[2j], limit)``, ``up = clamp(y[2j+1],
+-limit, limit)``, ``act[j] = gate * sigmoid(alpha * gate) * (up + 1)``, in fp32 from the bf16
+values vLLM's path would hold (the expand rounds its sum to ``y13``'s dtype first).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.moe_lora_align import _row_keys
+from kernels.triton_launch import CachedLauncher, cdiv
+
+BLOCK_ROWS, BLOCK_COLS = 16, 128
+SWIGLU_ALPHA, SWIGLU_LIMIT = 1.702, 7.0  # GPT-OSS's (vLLM's defaults)
+
+
+@triton.jit
+def swiglu_oai(gate, up, alpha, limit):
+    """GPT-OSS's activation of fp32 ``gate`` / ``up`` tiles (vLLM's ``swigluoai_and_mul``)."""
+    gate = tl.minimum(gate, limit)
+    up = tl.minimum(tl.maximum(up, -limit), limit)
+    return gate * tl.sigmoid(gate * alpha) * (up + 1.0)
+
+
+@triton.jit(do_not_specialize=["num_rows"])
+def _swiglu_rows_without_lora_kernel(
+    act_ptr, y_ptr, topk_ids_ptr, token_lora_ptr, enabled_ptr, num_rows, top_k, num_experts,
+    half_n, stride_am, stride_ym, alpha, limit, BM: tl.constexpr, BN: tl.constexpr,
+):
+    """Program ``(row block, column block)``: ``act`` of the rows without expert LoRA (the
+    align kernel's own test, ``_row_keys``); a block whose rows all have it exits at once."""
+    rows = tl.program_id(0) * BM + tl.arange(0, BM)
+    _, has_lora = _row_keys(topk_ids_ptr, token_lora_ptr, enabled_ptr, rows, num_rows, top_k,
+                            num_experts, 0)
+    todo = (rows < num_rows) & (has_lora == 0)
+    if tl.max(todo.to(tl.int32), 0) == 0:
+        return
+    cols = tl.program_id(1) * BN + tl.arange(0, BN)
+    mask = todo[:, None] & (cols < half_n)[None, :]
+    y_row = y_ptr + rows.to(tl.int64)[:, None] * stride_ym
+    gate = tl.load(y_row + 2 * cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(y_row + 2 * cols[None, :] + 1, mask=mask, other=0.0).to(tl.float32)
+    out = swiglu_oai(gate, up, alpha, limit)
+    tl.store(act_ptr + rows.to(tl.int64)[:, None] * stride_am + cols[None, :],
+             out.to(act_ptr.dtype.element_ty), mask=mask)
+
+
+_COMPLEMENT = CachedLauncher(_swiglu_rows_without_lora_kernel)
+
+
+def swiglu_rows_without_lora(act: torch.Tensor, y13: torch.Tensor, topk_ids: torch.Tensor,
+                             token_lora: torch.Tensor, enabled: torch.Tensor, num_experts: int,
+                             alpha: float, limit: float) -> None:
+    """``act [M*K, I]`` of the rows without expert LoRA from ``y13 [M*K, 2I]`` (``topk_ids
+    [M, K]`` int32, ``token_lora [>=M]`` slot or -1, ``enabled [L]``): what the fused expand
+    leaves to do. Grid depends only on M (CUDA-graph safe)."""
+    rows, top_k = topk_ids.numel(), topk_ids.shape[1]
+    half_n = act.shape[1]
+    assert y13.shape[1] == 2 * half_n and act.stride(1) == 1 and y13.stride(1) == 1
+    _COMPLEMENT((max(1, cdiv(rows, BLOCK_ROWS)), cdiv(half_n, BLOCK_COLS)), act, y13, topk_ids,
+                token_lora, enabled, rows, top_k, num_experts, half_n, act.stride(0),
+                y13.stride(0), float(alpha), float(limit), num_warps=4, BM=BLOCK_ROWS,
+                BN=BLOCK_COLS)
