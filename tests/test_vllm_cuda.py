@@ -3,14 +3,13 @@ patched ``LoRAExpertsMixin`` methods against vLLM's own ``fused_moe_lora`` on th
 
 from __future__ import annotations
 
-import os
-
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 from kernels import vllm_cuda, vllm_cuda_warmup
+from tests.triton_interpret import in_process_ok
 from tests.vllm_gpu import needs_vllm024_gpu
 
 
@@ -102,24 +101,22 @@ def test_patched_methods_match_vllm(num_slices, num_tokens):
         assert float((got - want).norm() / want.norm()) < 2e-2
 
 
+def _triton_device(monkeypatch) -> str:
+    """Where the glue tests run the kernels: the GPU, else the CPU through the Triton
+    interpreter, which needs the variable before triton's first import (skipped when triton came
+    in without it: test_triton_moe_lora.py reruns this file in a fresh process)."""
+    if not torch.cuda.is_available():
+        if not in_process_ok():
+            pytest.skip("triton already imported without the interpreter in this process")
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    pytest.importorskip("triton")
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def test_patched_methods_compute_the_lora_deltas(monkeypatch):
     """The glue (meta from the punica wrapper, views of vLLM's caches, slices, skip) on any
     device: on CPU through the Triton interpreter, with a stand-in for vLLM's context."""
-    import sys
-    from types import SimpleNamespace
-
-    if not torch.cuda.is_available():
-        # the interpreter needs the variable before triton's first import (see
-        # test_triton_moe_lora.py, which reruns this file in a fresh process otherwise)
-        if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-            from triton.language import standard
-            from triton.runtime.interpreter import InterpretedFunction
-
-            if not isinstance(standard.sum, InterpretedFunction):
-                pytest.skip("triton already imported without the interpreter in this process")
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
-    pytest.importorskip("triton")
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = _triton_device(monkeypatch)
     H, I, E, K, L, r, T = 40, 24, 5, 2, 3, 8, 7
     g = torch.Generator().manual_seed(int(torch.randint(0, 2**30, ()).item()))
 
@@ -305,19 +302,7 @@ def test_gate_up_with_swiglu_folds_gpt_oss_activation(monkeypatch, tokens):
     w13 output (gate/up interleaved) plus its LoRA delta, from the expand for rows with expert
     LoRA and from the complement kernel for the others (no adapter, a slot without expert LoRA);
     twice, so a repeat step takes the layer's kept launches. Interpreter on CPU."""
-    import sys
-    from types import SimpleNamespace
-
-    if not torch.cuda.is_available():
-        if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-            from triton.language import standard
-            from triton.runtime.interpreter import InterpretedFunction
-
-            if not isinstance(standard.sum, InterpretedFunction):
-                pytest.skip("triton already imported without the interpreter in this process")
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
-    pytest.importorskip("triton")
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = _triton_device(monkeypatch)
     H, I, E, K, L, r, T = 40, 24, 5, 2, 3, 8, tokens
     g = torch.Generator().manual_seed(tokens)
 
