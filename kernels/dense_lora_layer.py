@@ -39,8 +39,8 @@ class DenseLoRALayer:
         index = (dev.index if dev.index is not None else torch.cuda.current_device()) \
             if dev.type == "cuda" else None
         # (in_features, out features per slice, rank, slots, CUDA device index): config lookup
-        self.config_key = (self.in_features, tuple(t.shape[-2] for t in self.b), self.a[0].shape[-2],
-                      self.a[0].shape[0], index)
+        self.config_key = (self.in_features, tuple(t.shape[-2] for t in self.b),
+                           self.a[0].shape[-2], self.a[0].shape[0], index)
 
     def config(self, m: int) -> DenseLoRAConfig:
         """The tiles for ``m`` tokens (``kernels.dense_lora_configs``: tuned or heuristic)."""

@@ -34,7 +34,8 @@ from kernels.moe_lora_align import MoELoRABlocks
 from kernels.triton_launch import (CachedLauncher, LaunchPlans, PreparedLaunch, aligned16, cdiv,
                                     next_pow2, raw_stream)
 from kernels.triton_lora_common import as_slices, rank_pad, shrink_tile, split_k_plan
-from kernels.triton_moe_lora_act import SWIGLU_ALPHA, SWIGLU_LIMIT, swiglu_oai
+from kernels.reference import SWIGLUOAI_ALPHA, SWIGLUOAI_LIMIT
+from kernels.triton_moe_lora_act import swiglu_oai
 from kernels.triton_moe_lora_configs import OpConfig
 
 
@@ -280,7 +281,7 @@ def moe_lora_expand(
 
 def expand_with_plan(y, part, lora_b, blocks, cfg, scaling=None, topk_weights=None,
                      add_inputs=True, use_pdl=False, act=None,
-                     swiglu=(SWIGLU_ALPHA, SWIGLU_LIMIT)) -> PreparedLaunch | None:
+                     swiglu=(SWIGLUOAI_ALPHA, SWIGLUOAI_LIMIT)) -> PreparedLaunch | None:
     """``moe_lora_expand`` returning the prepared launch it used (None: nothing launched).
 
     ``act [M*K, N/2]``: write the rows' swiglu ``(alpha, limit)`` activation there instead of

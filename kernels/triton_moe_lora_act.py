@@ -20,10 +20,10 @@ import triton
 import triton.language as tl
 
 from kernels.moe_lora_align import _row_keys
+from kernels.reference import SWIGLUOAI_ALPHA, SWIGLUOAI_LIMIT
 from kernels.triton_launch import CachedLauncher, cdiv
 
 BLOCK_ROWS, BLOCK_COLS = 16, 128
-SWIGLU_ALPHA, SWIGLU_LIMIT = 1.702, 7.0  # GPT-OSS's (vLLM's defaults)
 
 
 @triton.jit
@@ -62,7 +62,8 @@ _COMPLEMENT = CachedLauncher(_swiglu_rows_without_lora_kernel)
 
 def swiglu_rows_without_lora(act: torch.Tensor, y13: torch.Tensor, topk_ids: torch.Tensor,
                              token_lora: torch.Tensor, enabled: torch.Tensor, num_experts: int,
-                             alpha: float, limit: float) -> None:
+                             alpha: float = SWIGLUOAI_ALPHA,
+                             limit: float = SWIGLUOAI_LIMIT) -> None:
     """``act [M*K, I]`` of the rows without expert LoRA from ``y13 [M*K, 2I]`` (``topk_ids
     [M, K]`` int32, ``token_lora [>=M]`` slot or -1, ``enabled [L]``): what the fused expand
     leaves to do. Grid depends only on M (CUDA-graph safe)."""

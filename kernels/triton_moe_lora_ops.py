@@ -14,7 +14,7 @@ import torch
 from kernels.moe_lora_align import ALIGN_CHUNKS, PARALLEL_CHUNK, align_moe_lora
 from kernels.triton_lora_common import as_slices, pdl_supported
 from kernels.triton_moe_lora import expand_with_plan, shrink_with_plan
-from kernels.triton_moe_lora_act import SWIGLU_ALPHA, SWIGLU_LIMIT, swiglu_rows_without_lora
+from kernels.triton_moe_lora_act import swiglu_rows_without_lora
 from kernels.triton_moe_lora_configs import get_layer_config
 from kernels.triton_moe_lora_fused import moe_lora_fused
 
@@ -138,8 +138,7 @@ def warm_up(
             act = torch.empty(m * top_k, n13 // 2, dtype=a13[0].dtype, device=dev)
             ops.add_w13(y13, torch.zeros(m, hidden, dtype=a13[0].dtype, device=dev), a13, b13,
                         act=act)
-            swiglu_rows_without_lora(act, y13, ids, lora, enabled, num_experts, SWIGLU_ALPHA,
-                                     SWIGLU_LIMIT)
+            swiglu_rows_without_lora(act, y13, ids, lora, enabled, num_experts)
         y2 = torch.zeros(m * top_k, hidden, dtype=a13[0].dtype, device=dev)
         ops.add_w2(y2, torch.zeros(m * top_k, inter, dtype=a13[0].dtype, device=dev), lora_a2,
                    lora_b2, torch.ones(m, top_k, device=dev))

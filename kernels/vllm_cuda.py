@@ -19,10 +19,10 @@ comes from ``adapter_enabled`` (0 for an adapter without expert LoRA: its rows a
 (``kernels.vllm_cuda_warmup``); for MXFP4 experts it keeps vLLM's Triton MXFP4 GEMMs instead of
 its fallback to Marlin under LoRA, without the unfused class's two row copies
 (``kernels.vllm_cuda_mxfp4``); it runs the dense (attention, router) LoRA through loraplex's ops
-too (``kernels.vllm_cuda_dense``); in steps without CUDA graphs it skips modules for which no adapter of the step has weights (``kernels.vllm_cuda_live``);
-it converts each step's per-token adapter ids to slots without vLLM's per-token Python loop and
-prepares the LoRA kernels' metadata without vLLM's waits for the GPU
-(``kernels.vllm_cuda_mapping``).
+too (``kernels.vllm_cuda_dense``); in steps without CUDA graphs it skips modules for which no
+adapter of the step has weights (``kernels.vllm_cuda_live``); it converts each step's per-token
+adapter ids to slots without vLLM's per-token Python loop and prepares the LoRA kernels'
+metadata without vLLM's waits for the GPU (``kernels.vllm_cuda_mapping``).
 
 Cases vLLM's own path keeps (the original methods are called): expert parallelism
 (``expert_map`` or a per-rank token map), fully sharded LoRA, tensor parallelism > 1, and
@@ -127,8 +127,7 @@ def gate_up_with_swiglu(ctx, y13: torch.Tensor, act: torch.Tensor, x: torch.Tens
     if done:  # the expand wrote the rows with expert LoRA: the others from the GEMM's output
         meta = ctx.punica_wrapper.token_mapping_meta
         swiglu_rows_without_lora(act, y13, topk_ids, meta.token_lora_mapping[: x.size(0)],
-                                 ctx.adapter_enabled[: ctx.max_loras], ctx.local_num_experts,
-                                 1.702, 7.0)
+                                 ctx.adapter_enabled[: ctx.max_loras], ctx.local_num_experts)
     return (step, None, None, None), done
 
 

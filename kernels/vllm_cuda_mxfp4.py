@@ -116,10 +116,13 @@ def _routing_data(experts, oai, topk_ids, topk_weights, num_experts):
 
 def _fused_applies(oai, activation, quant) -> bool:
     """Whether vLLM's fused Triton path computes what the unfused one would: the swiglu-OAI
-    activation with the fused kernel's constants (alpha 1.702, limit 7)."""
+    activation with the fused kernel's constants (``kernels.reference``'s alpha and limit,
+    which the gate_up fold uses too)."""
+    from kernels.reference import SWIGLUOAI_ALPHA, SWIGLUOAI_LIMIT
+
     return (activation == oai.MoEActivation.SWIGLUOAI
-            and getattr(quant, "gemm1_alpha", None) in (None, 1.702)
-            and getattr(quant, "gemm1_clamp_limit", None) in (None, 7.0))
+            and getattr(quant, "gemm1_alpha", None) in (None, SWIGLUOAI_ALPHA)
+            and getattr(quant, "gemm1_clamp_limit", None) in (None, SWIGLUOAI_LIMIT))
 
 
 def _apply_pair_order(self, output, hidden_states, w1, w2, topk_weights, topk_ids, activation,
@@ -143,8 +146,8 @@ def _apply_pair_order(self, output, hidden_states, w1, w2, topk_weights, topk_id
     rows = m * top_k
     routing, gather, scatter = _routing_data(self, oai, topk_ids, topk_weights, w1.shape[0])
     lora = self._lora_context
-    if (lora is None or vllm_cuda_live.moe_step_idle(lora)) and _fused_applies(oai, activation,
-                                                                               quant):
+    swiglu_oai = _fused_applies(oai, activation, quant)
+    if swiglu_oai and (lora is None or vllm_cuda_live.moe_step_idle(lora)):
         # no expert LoRA in this step: vLLM's fused path (activation in the w13 GEMM, top-k sum
         # in the w2 GEMM), as the engine runs without LoRA
         oai.triton_kernel_fused_experts(
@@ -164,7 +167,7 @@ def _apply_pair_order(self, output, hidden_states, w1, w2, topk_weights, topk_id
     y13 = y13.view(rows, n)
     step, act_done = (None, None, None, None), False
     fold = None
-    if lora is not None and _fused_applies(oai, activation, quant):
+    if lora is not None and swiglu_oai:
         from kernels import vllm_cuda  # (imports this module)
 
         fold = vllm_cuda.gate_up_with_swiglu(lora, y13, act, hidden_states, topk_ids)
