@@ -120,8 +120,11 @@ LAYERS = {"LoRA off": ("routing logits", "w13 fused", "w2 reduce"),
 
 
 def main(argv: list[str] | None = None) -> int:
+    from vllm.utils.import_utils import import_triton_kernels
+
     from kernels.cuda_timing import graph_us
 
+    import_triton_kernels()  # site-packages' triton_kernels, else vLLM's bundled copy
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ms", default="16,1600,8192", help="tokens per step")
     ap.add_argument("--layers", type=int, default=8, help="weight copies per timed graph")

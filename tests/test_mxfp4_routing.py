@@ -75,8 +75,9 @@ def test_routing_data_equals_vllms(rows, top_k, experts):
     ids, weights = random_topk(rows, top_k, experts, torch.int32, seed=rows)
     got, want = routing_data(ids, weights, experts), oai.make_routing_data(ids, weights, experts)
     (g_route, g_gather, g_scatter), (w_route, w_gather, w_scatter) = got, want
-    for field in ("gate_scal", "expt_hist"):
-        assert torch.equal(getattr(g_route, field), getattr(w_route, field)), field
+    assert torch.equal(g_route.expt_hist, w_route.expt_hist)
+    used = int(w_route.expt_hist.sum())  # sort_tokens leaves the tail of padding ids unwritten
+    assert torch.equal(g_route.gate_scal[:used], w_route.gate_scal[:used])
     assert (g_route.n_expts_tot, g_route.n_expts_act) == (w_route.n_expts_tot,
                                                           w_route.n_expts_act)
     g_data, w_data = g_route.expt_data, w_route.expt_data
