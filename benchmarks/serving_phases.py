@@ -153,5 +153,6 @@ def print_table(results: list[dict], title: str) -> None:
         if "steps" in r["phases"]["steady"]:  # where steady TTFT went: its steps with a prompt
             st = r["phases"]["steady"]["steps"]
             print(f"{r['run']} steady: {st['prefill_steps']} steps with a new prompt, p50 "
-                  f"{st['prefill_step_ms_p50']:.1f} ms; {st['decode_steps']} without, p50 "
-                  f"{st['decode_step_ms_p50']:.1f} ms")
+                  f"{st['prefill_step_ms_p50']:.1f} ms, longest {st['prefill_step_ms_max']:.0f}; "
+                  f"{st['decode_steps']} without, p50 {st['decode_step_ms_p50']:.1f} ms, "
+                  f"longest {st['decode_step_ms_max']:.0f}")

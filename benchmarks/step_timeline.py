@@ -78,14 +78,16 @@ def phase_step_durations(steps: list[Step], t0: float, t1: float) -> dict:
     """The steps that ended within ``(t0, t1]`` (a phase where the engine is never idle, so a
     step's duration is the time since the previous step's outputs arrived), split into those
     that gave some request its first token (*prefill*: a new prompt ran in them, mixed with the
-    others' decode) and the rest (*decode*): count and median ms of each."""
+    others' decode) and the rest (*decode*): count, median and longest ms of each (a stall, such
+    as a compile, shows as a longest step far above the median)."""
     durations: dict[str, list[float]] = {"prefill": [], "decode": []}
     for prev, s in zip(steps, steps[1:]):
         if t0 < s.t <= t1:
             durations["prefill" if s.first_tokens else "decode"].append(1e3 * (s.t - prev.t))
     return {f"{kind}_steps": len(ms) for kind, ms in durations.items()} | {
         f"{kind}_step_ms_p50": statistics.median(ms) if ms else float("nan")
-        for kind, ms in durations.items()}
+        for kind, ms in durations.items()} | {
+        f"{kind}_step_ms_max": max(ms) if ms else float("nan") for kind, ms in durations.items()}
 
 
 def format_steps(steps: list[dict]) -> str:

@@ -8,9 +8,12 @@ check before its "no adapter in this batch" exit in case the setup hook did not 
 runs under CUDA-graph capture. Its scratch memory is returned to the device afterwards so vLLM's
 memory profiling does not count it.
 
-``watch_compiles`` chains a Triton post-compile hook that, once the warm-up is done, logs every
-further compile of one of loraplex's kernels with its specialisation key (and counts them in
-``COMPILES_DURING_SERVING``), so a variant the warm-up missed shows in the engine's log.
+``watch_compiles`` chains Triton's pre- and post-compile hooks: once the warm-up is done, every
+further compile of one of loraplex's kernels is logged as a warning with its specialisation key
+and duration (and counted in ``COMPILES_DURING_SERVING``), so a variant the warm-up missed shows
+in the engine's log; every other Triton kernel compiled from then on (vLLM's, triton_kernels'
+``matmul_ogs`` variants, chosen per batch size) is logged too, at info level with its duration
+(``OTHER_COMPILES``): a stall in serving can then be told apart from a compile.
 
 Logs go to the ``vllm.loraplex`` logger so that they appear in vLLM's own log output.
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 
 import torch
 
@@ -28,6 +32,7 @@ OUR_KERNELS = ("_moe_lora_shrink_kernel", "_moe_lora_expand_kernel", "_moe_lora_
                "_dense_lora_expand_kernel", "_routing_inputs_kernel",
                "_swiglu_rows_without_lora_kernel")
 COMPILES_DURING_SERVING: list[str] = []
+OTHER_COMPILES: list[tuple[str, float]] = []  # (kernel, seconds) compiled after the warm-up
 _warmed: set[tuple] = set()
 _done: list[bool] = []  # a warm-up has finished in this process
 _done_contexts: set[int] = set()  # ids of the layers' LoRA contexts whose shape is warmed up
@@ -91,7 +96,9 @@ def compiling_on_purpose():
 
 
 def watch_compiles() -> None:
-    """Chains the post-compile hook once per process (Triton's ``knobs``; absent: no-op)."""
+    """Chains the pre- and post-compile hooks once per process (Triton's ``knobs``; absent:
+    no-op). The pre-compile hook must return a falsy value (a true one skips the compile): it
+    returns what the previous hook returns."""
     global _watching
     if _watching:
         return
@@ -99,15 +106,32 @@ def watch_compiles() -> None:
         from triton import knobs
     except ImportError:  # older Triton: no hook to chain
         return
+    previous_pre = getattr(knobs.runtime, "jit_cache_hook", None)
     previous = knobs.runtime.jit_post_compile_hook
+    started: dict[tuple[str, str], float] = {}
+
+    def before_compile(**kwargs):
+        started[(getattr(kwargs.get("fn"), "name", ""), str(kwargs.get("key")))] = \
+            time.perf_counter()
+        return previous_pre(**kwargs) if previous_pre is not None else None
 
     def on_compile(**kwargs):
         name = getattr(kwargs.get("fn"), "name", "")
-        if (_warmed or _done) and not _warming and name.rsplit(".", 1)[-1] in OUR_KERNELS:
-            COMPILES_DURING_SERVING.append(name)
-            vllm_logger().warning("MoE-LoRA kernel %s compiled after the warm-up (key %s): the "
-                           "engine stalls while it compiles", name, kwargs.get("key"))
+        t0 = started.pop((name, str(kwargs.get("key"))), None)
+        ms = (time.perf_counter() - t0) * 1e3 if t0 is not None else float("nan")
+        if (_warmed or _done) and not _warming:
+            if name.rsplit(".", 1)[-1] in OUR_KERNELS:
+                COMPILES_DURING_SERVING.append(name)
+                vllm_logger().warning("MoE-LoRA kernel %s compiled after the warm-up in %.0f ms "
+                                      "(key %s): the engine stalls while it compiles", name, ms,
+                                      kwargs.get("key"))
+            else:
+                OTHER_COMPILES.append((name, ms / 1e3))
+                vllm_logger().info("Triton kernel %s compiled after the warm-up in %.0f ms",
+                                   name, ms)
         return previous(**kwargs) if previous is not None else None
 
+    if hasattr(knobs.runtime, "jit_cache_hook"):
+        knobs.runtime.jit_cache_hook = before_compile
     knobs.runtime.jit_post_compile_hook = on_compile
     _watching = True

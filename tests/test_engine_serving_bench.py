@@ -69,3 +69,4 @@ def test_phase_step_durations_split_steps_with_a_new_prompt_from_decode_steps():
     assert got["prefill_steps"] == 2 and got["decode_steps"] == 3
     assert round(got["prefill_step_ms_p50"]) == 50  # 40 and 60 ms
     assert round(got["decode_step_ms_p50"]) == 20  # 100, 10 and 20 ms
+    assert round(got["prefill_step_ms_max"]) == 60 and round(got["decode_step_ms_max"]) == 100

@@ -3,6 +3,7 @@ patched ``LoRAExpertsMixin`` methods against vLLM's own ``fused_moe_lora`` on th
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -201,21 +202,31 @@ def test_patched_methods_compute_the_lora_deltas(monkeypatch):
 
 def test_compiles_after_the_warm_up_are_reported_and_chained(monkeypatch):
     knobs = pytest.importorskip("triton").knobs
-    seen = []
+    seen, pre_seen = [], []
     monkeypatch.setattr(knobs.runtime, "jit_post_compile_hook", lambda **kw: seen.append(kw))
+    monkeypatch.setattr(knobs.runtime, "jit_cache_hook",
+                        lambda **kw: pre_seen.append(kw["key"]))
     monkeypatch.setattr(vllm_cuda_warmup, "_watching", False)
     monkeypatch.setattr(vllm_cuda_warmup, "_warmed", set())
     monkeypatch.setattr(vllm_cuda_warmup, "_done", [])
     monkeypatch.setattr(vllm_cuda_warmup, "COMPILES_DURING_SERVING", [])
+    monkeypatch.setattr(vllm_cuda_warmup, "OTHER_COMPILES", [])
     vllm_cuda_warmup.watch_compiles()
-    hook = knobs.runtime.jit_post_compile_hook
+    pre, hook = knobs.runtime.jit_cache_hook, knobs.runtime.jit_post_compile_hook
     ours = SimpleNamespace(name="kernels.triton_moe_lora._moe_lora_shrink_kernel")
+    other = SimpleNamespace(name="triton_kernels.matmul_ogs._matmul_ogs")
+    assert not pre(fn=ours, key="k0")  # a true value would make Triton skip the compile
     hook(fn=ours, key="k0")  # before any warm-up: the warm-up's own compiles
     vllm_cuda_warmup._warmed.add(("shape",))
-    hook(fn=SimpleNamespace(name="vllm.other._kernel"), key="k1")
-    hook(fn=ours, key="k2")
+    assert not pre(fn=other, key="k1")
+    time.sleep(0.02)
+    hook(fn=other, key="k1")
+    hook(fn=ours, key="k2")  # no pre-hook call seen: duration unknown, still reported
     assert vllm_cuda_warmup.COMPILES_DURING_SERVING == [ours.name]
-    assert [kw["key"] for kw in seen] == ["k0", "k1", "k2"]  # vLLM's hook still sees them all
+    [(name, seconds)] = vllm_cuda_warmup.OTHER_COMPILES
+    assert name == other.name and 0.02 <= seconds < 5
+    assert [kw["key"] for kw in seen] == ["k0", "k1", "k2"]  # vLLM's hooks still see them all
+    assert pre_seen == ["k0", "k1"]
 
 
 @needs_vllm024_gpu
