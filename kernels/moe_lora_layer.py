@@ -42,26 +42,32 @@ class MoELoRALayer:
 
     def gate_up(self, y13: torch.Tensor, x: torch.Tensor, topk_ids: torch.Tensor,
                 token_lora: torch.Tensor, enabled: torch.Tensor, add_inputs: bool = True,
-                act: torch.Tensor | None = None) -> "MoELoRAStep":
+                act: torch.Tensor | None = None,
+                row_map: torch.Tensor | None = None) -> "MoELoRAStep":
         """``y13 [M*K, 2I] (+)= (x [M, H] A13^T) B13^T`` for the rows with expert LoRA
         (``topk_ids [M, K]``, ``token_lora [>=M]`` slot or -1, ``enabled [L]``); returns the
         step, for ``down``. ``act [M*K, I]``: those rows' GPT-OSS swiglu goes there instead
         (``step.act_done``; not for two gate/up slices or the fused tiny-batch launch, which
-        add into ``y13`` as without it)."""
+        add into ``y13`` as without it). ``row_map [M*K]`` int32: the rows of ``y13``, ``act``
+        and down's input are at ``row_map[t*K+k]`` (``kernels.triton_moe_lora``); the step
+        keeps it for ``down``."""
         m, k = topk_ids.shape
         key = (m, k, enabled.shape[0], x.stride(0), y13.stride(0), x.dtype, y13.dtype,
                topk_ids.dtype, token_lora.dtype, enabled.dtype, add_inputs,
-               None if act is None else (act.stride(0), act.dtype))
+               None if act is None else (act.stride(0), act.dtype), row_map is not None)
+        extra = tuple(t for t in (act, row_map) if t is not None)
         fast = (self.aligned and topk_ids.is_contiguous()
                 and topk_ids.dtype == token_lora.dtype == enabled.dtype == torch.int32
-                and aligned16(x, y13, topk_ids, token_lora, enabled,
-                              *(() if act is None else (act,))))
+                and (row_map is None or (row_map.dtype == torch.int32
+                                         and row_map.is_contiguous()))
+                and aligned16(x, y13, topk_ids, token_lora, enabled, *extra))
         call = self._up.get(key) if fast else None
         if call is None:
             ops = MoELoRAOps(topk_ids, token_lora, enabled, num_experts=self.num_experts,
                              hidden=self.hidden, intermediate=self.intermediate,
                              rank=self.rank, num_slots=self.num_slots)
-            act_done = ops.add_w13(y13, x, self.a13, self.b13, add_inputs=add_inputs, act=act)
+            act_done = ops.add_w13(y13, x, self.a13, self.b13, add_inputs=add_inputs, act=act,
+                                   row_map=row_map)
             bl = ops.blocks
             if (fast and not ops.fused and not bl.naive and bl.align_plans
                     and ops.launches13 is not None and None not in ops.launches13):
@@ -69,7 +75,8 @@ class MoELoRALayer:
                                       bl.block_m, len(bl.align_plans) == 2)
                 self._up.put(key, (layout, bl.align_plans, *ops.launches13, ops.cfg,
                                    ops.use_pdl, act_done))
-            return MoELoRAStep(self, ops, fast and not ops.fused and not bl.naive, act_done)
+            return MoELoRAStep(self, ops, fast and not ops.fused and not bl.naive, act_done,
+                               row_map)
         (max_blocks, starts, sizes), align_plans, shrink, expand, cfg, pdl, act_done = call
         dev = x.device
         tables = layout_tables(torch.empty(starts[-1], dtype=torch.int32, device=dev), starts,
@@ -81,39 +88,43 @@ class MoELoRALayer:
         blocks = (sorted_rows, block_pair, block_nrows, num_blocks, topk_ids, token_lora,
                   enabled)
         part = torch.empty(shrink.extra, dtype=torch.float32, device=dev)
-        shrink.launch(stream, x, self.a13[0], self.a13[-1], part, *blocks)
+        shrink.launch(stream, x, self.a13[0], self.a13[-1], part, *blocks, topk_ids)
         expand.launch(stream, y13, act if act_done else y13, self.b13[0], self.b13[-1], part,
-                      part, part, *blocks)
+                      part, part, *blocks, topk_ids if row_map is None else row_map)
         layout = MoELoRABlocks(sorted_rows, block_pair, block_nrows, num_blocks, max_blocks,
                                cfg["block_m"], m * k, k, self.num_experts, False, topk_ids,
                                token_lora, enabled, align_plans)
-        return MoELoRAStep(self, MoELoRAOps.from_blocks(layout, cfg, pdl), True, act_done)
+        return MoELoRAStep(self, MoELoRAOps.from_blocks(layout, cfg, pdl), True, act_done,
+                           row_map)
 
 
 class MoELoRAStep:
     """One step's block layout and config (``MoELoRAOps``), from ``MoELoRALayer.gate_up`` to
     ``down``; ``fast``: its tensors allow the layer's kept launches; ``act_done``: gate_up
-    wrote the activation of its rows (``act``) instead of adding into ``y13``."""
+    wrote the activation of its rows (``act``) instead of adding into ``y13``; ``row_map``:
+    where down's input rows are (None: ``t*K+k`` order)."""
 
-    __slots__ = ("layer", "ops", "fast", "act_done")
+    __slots__ = ("layer", "ops", "fast", "act_done", "row_map")
 
     def __init__(self, layer: MoELoRALayer, ops: MoELoRAOps, fast: bool,
-                 act_done: bool = False) -> None:
+                 act_done: bool = False, row_map: torch.Tensor | None = None) -> None:
         self.layer, self.ops, self.fast, self.act_done = layer, ops, fast, act_done
+        self.row_map = row_map
 
     def down(self, y2: torch.Tensor, h: torch.Tensor, topk_weights: torch.Tensor,
              add_inputs: bool = True) -> None:
         """``y2 [M*K, H] (+)= w * (h [M*K, I] A2^T) B2^T`` for the rows of the layout, ``w``
-        from ``topk_weights [M, K]``."""
-        layer, ops = self.layer, self.ops
+        from ``topk_weights [M, K]``; ``h``'s rows at the step's row map, if any."""
+        layer, ops, rmap = self.layer, self.ops, self.row_map
         bl = ops.blocks
         tw = topk_weights.reshape(-1)
         key = (bl.num_rows, bl.top_k, h.stride(0), y2.stride(0), h.dtype, y2.dtype, tw.dtype,
-               add_inputs)
+               add_inputs, rmap is not None)
         fast = self.fast and aligned16(h, y2, tw)
         call = layer._down.get(key) if fast else None
         if call is None:
-            ops.add_w2(y2, h, layer.a2, layer.b2, topk_weights, add_inputs=add_inputs)
+            ops.add_w2(y2, h, layer.a2, layer.b2, topk_weights, add_inputs=add_inputs,
+                       row_map=rmap)
             if fast and ops.launches2 is not None and None not in ops.launches2:
                 layer._down.put(key, ops.launches2)
             return
@@ -122,5 +133,6 @@ class MoELoRAStep:
                   bl.token_lora, bl.enabled)
         stream = raw_stream(h.device)
         part = torch.empty(shrink.extra, dtype=torch.float32, device=h.device)
-        shrink.launch(stream, h, layer.a2, layer.a2, part, *blocks)
-        expand.launch(stream, y2, y2, layer.b2, layer.b2, part, part, tw, *blocks)
+        shrink.launch(stream, h, layer.a2, layer.a2, part, *blocks,
+                      bl.topk_ids if rmap is None else rmap)
+        expand.launch(stream, y2, y2, layer.b2, layer.b2, part, part, tw, *blocks, bl.topk_ids)

@@ -14,6 +14,11 @@ t) or ``[M*K, I]`` for down; ``y`` is ``[M*K, S*N]`` (``intermediate_cache1/3`` 
 projection may come in S = 1 or 2 slices (vLLM's per-expert gate/up stacks: separate A and B per
 slice, slice s writing columns ``[s*N, (s+1)*N)``); the reference's shared-A gate_up is S = 1.
 
+Row map (``row_map [M*K]`` int32): where a base MoE backend keeps the ``[M*K, ·]`` activations in
+its own row order (the MXFP4 experts' expert-sorted rows), row ``t*K+k``'s activation row is
+``row_map[t*K+k]``: the down shrink reads ``x`` there and the gate_up expand writes ``y`` / ``act``
+there (``ROW_MAP``); routing weights stay indexed by ``t*K+k``.
+
 Every kernel: grids depend only on M (CUDA-graph safe), batch-dependent integers are
 ``do_not_specialize``, programs of unused blocks exit at once (early exit for batches without
 MoE-LoRA), EVEN_K / EVEN_R drop masks, and the expand can be launched with programmatic
@@ -75,13 +80,13 @@ def _program_block(
 def _moe_lora_shrink_kernel(
     x_ptr, a0_ptr, a1_ptr, part_ptr,
     sorted_rows_ptr, block_pair_ptr, block_nrows_ptr, num_blocks_ptr,
-    topk_ids_ptr, token_lora_ptr, enabled_ptr, top_k,
+    topk_ids_ptr, token_lora_ptr, enabled_ptr, row_map_ptr, top_k,
     in_features, rank, num_experts, x_row_div, k_per_split,
     stride_xm, stride_al, stride_ae, stride_ar,
     stride_ps, stride_pm,
     BM: tl.constexpr, RP: tl.constexpr, BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr, EVEN_R: tl.constexpr, NUM_SLICES: tl.constexpr,
-    NAIVE: tl.constexpr, USE_PDL: tl.constexpr,
+    NAIVE: tl.constexpr, USE_PDL: tl.constexpr, ROW_MAP: tl.constexpr,
 ):
     pid_b = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -94,6 +99,8 @@ def _moe_lora_shrink_kernel(
     if live == 0:
         return
     offs_m = tl.arange(0, BM)
+    if ROW_MAP:  # the input's rows are in the base backend's order
+        rows = tl.load(row_map_ptr + rows, mask=row_ok, other=0)
     x_rows = (rows // x_row_div).to(tl.int64)
     offs_r = tl.arange(0, RP)
     a_base = a0_ptr
@@ -112,14 +119,14 @@ def _moe_lora_shrink_kernel(
 def _moe_lora_expand_kernel(
     y_ptr, act_ptr, b0_ptr, b1_ptr, part_ptr, scale_ptr, topk_w_ptr,
     sorted_rows_ptr, block_pair_ptr, block_nrows_ptr, num_blocks_ptr,
-    topk_ids_ptr, token_lora_ptr, enabled_ptr, top_k,
+    topk_ids_ptr, token_lora_ptr, enabled_ptr, row_map_ptr, top_k,
     out_features, rank, num_experts, split_k,
     stride_ym, stride_am, stride_bl, stride_be, stride_bn,
     stride_ps, stride_pm, swiglu_alpha, swiglu_limit,
     BM: tl.constexpr, RP: tl.constexpr, BLOCK_N: tl.constexpr,
     EVEN_N: tl.constexpr, EVEN_R: tl.constexpr, NUM_SLICES: tl.constexpr,
     HAS_SCALE: tl.constexpr, MUL_ROUTED_WEIGHT: tl.constexpr, ADD_INPUTS: tl.constexpr,
-    NAIVE: tl.constexpr, USE_PDL: tl.constexpr, SWIGLU: tl.constexpr,
+    NAIVE: tl.constexpr, USE_PDL: tl.constexpr, SWIGLU: tl.constexpr, ROW_MAP: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_b = tl.program_id(1)
@@ -145,7 +152,11 @@ def _moe_lora_expand_kernel(
         bt = tl.load(b_ptrs)
     else:
         bt = tl.load(b_ptrs, mask=(offs_r[:, None] < rank) & n_ok[None, :], other=0.0)
-    y_ptrs = y_ptr + rows.to(tl.int64)[:, None] * stride_ym + (pid_slice * out_features + offs_n)[None, :]
+    out_rows = rows  # y / act rows: the base backend's order under ROW_MAP
+    if ROW_MAP:
+        out_rows = tl.load(row_map_ptr + rows, mask=row_ok, other=0)
+    y_ptrs = (y_ptr + out_rows.to(tl.int64)[:, None] * stride_ym
+              + (pid_slice * out_features + offs_n)[None, :])
     if EVEN_N:
         y_mask = row_ok[:, None]
     else:
@@ -173,7 +184,7 @@ def _moe_lora_expand_kernel(
         z = acc.to(y_ptr.dtype.element_ty).to(tl.float32)  # the value y would have held
         gate, up = tl.split(tl.reshape(z, (BM, BLOCK_N // 2, 2)))
         offs_h = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
-        a_ptrs = act_ptr + rows.to(tl.int64)[:, None] * stride_am + offs_h[None, :]
+        a_ptrs = act_ptr + out_rows.to(tl.int64)[:, None] * stride_am + offs_h[None, :]
         a_mask = row_ok[:, None] & (offs_h < out_features // 2)[None, :]
         tl.store(a_ptrs, swiglu_oai(gate, up, swiglu_alpha, swiglu_limit).to(
             act_ptr.dtype.element_ty), mask=a_mask)
@@ -193,6 +204,7 @@ def moe_lora_shrink(
     cfg: OpConfig,
     use_pdl: bool = False,
     out: torch.Tensor | None = None,
+    row_map: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Shrink: ``x [rows_in, >=in]`` with ``A [L, E, r, in]`` per slice (all slices of one
     shape; only the first ``in`` columns of ``x`` are read: a padded base activation works as it
@@ -201,20 +213,24 @@ def moe_lora_shrink(
 
     ``x_row_div``: row ``t*K+k`` reads ``x[(t*K+k) // x_row_div]`` (K for gate_up, 1 for down).
     ``out``: a buffer of at least that size to write the partials into (CUDA-graph reuse).
+    ``row_map [M*K]`` int32: row ``t*K+k`` reads ``x[row_map[t*K+k] // x_row_div]`` (module
+    docstring).
     """
-    return shrink_with_plan(x, lora_a, blocks, x_row_div, cfg, use_pdl, out)[0]
+    return shrink_with_plan(x, lora_a, blocks, x_row_div, cfg, use_pdl, out, row_map)[0]
 
 
-def shrink_with_plan(x, lora_a, blocks, x_row_div, cfg, use_pdl=False, out=None
+def shrink_with_plan(x, lora_a, blocks, x_row_div, cfg, use_pdl=False, out=None, row_map=None
                      ) -> tuple[torch.Tensor, PreparedLaunch | None]:
-    """``moe_lora_shrink`` and the prepared launch it used (None: nothing launched)."""
+    """``moe_lora_shrink`` and the prepared launch it used (None: nothing launched). A prepared
+    launch takes ``(x, A0, A1, part, *block tables, row map)`` anew."""
     a = as_slices(lora_a)
     num_slices = len(a)
     bl = blocks  # its block tables start on 16-byte boundaries by construction (align_moe_lora)
+    rm = _row_map_arg(row_map, bl)
     key = (cfg, bl.max_blocks, bl.block_m, bl.naive, bl.top_k, bl.num_experts, x_row_div,
            x.stride(0), x.dtype,
-           a[0].shape, a[0].stride(), num_slices, use_pdl,
-           aligned16(x, a[0], a[-1], bl.topk_ids, bl.token_lora, bl.enabled),
+           a[0].shape, a[0].stride(), num_slices, use_pdl, row_map is not None,
+           aligned16(x, a[0], a[-1], bl.topk_ids, bl.token_lora, bl.enabled, rm),
            out is None or out.data_ptr() & 15 == 0)
     plan = _SHRINK_PLANS.get(key)
     shape = plan.extra if plan is not None else _part_shape(a, bl, cfg)
@@ -227,7 +243,7 @@ def shrink_with_plan(x, lora_a, blocks, x_row_div, cfg, use_pdl=False, out=None
     blocks_args = (bl.sorted_rows, bl.block_pair, bl.block_nrows, bl.num_blocks, bl.topk_ids,
                    bl.token_lora, bl.enabled)
     if plan is not None:
-        plan.launch(raw_stream(x.device), x, a[0], a[-1], part, *blocks_args)
+        plan.launch(raw_stream(x.device), x, a[0], a[-1], part, *blocks_args, rm)
         return part, plan
     rank, in_features = a[0].shape[-2], a[0].shape[-1]
     rp = rank_pad(rank)
@@ -237,15 +253,25 @@ def shrink_with_plan(x, lora_a, blocks, x_row_div, cfg, use_pdl=False, out=None
     assert x.shape[-1] >= in_features, (x.shape, in_features)
     plan = _SHRINK_PLANS.launch_new(
         key, (bl.max_blocks, split_k, num_slices),
-        (x, a[0], a[-1], part, *blocks_args, bl.top_k,
+        (x, a[0], a[-1], part, *blocks_args, rm, bl.top_k,
          in_features, rank, bl.num_experts, x_row_div, k_per_split,
          x.stride(0), a[0].stride(0), a[0].stride(1), a[0].stride(2),
          part.stride(0), part.stride(1)),
         dict(BM=bl.block_m, RP=rp, BLOCK_K=block_k, EVEN_K=even_k, EVEN_R=rank == rp,
-             NUM_SLICES=num_slices, NAIVE=bl.naive, USE_PDL=use_pdl,
+             NUM_SLICES=num_slices, NAIVE=bl.naive, USE_PDL=use_pdl, ROW_MAP=row_map is not None,
              num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=use_pdl),
-        lead=4 + len(blocks_args), extra=shape)
+        lead=5 + len(blocks_args), extra=shape)
     return part, plan
+
+
+def _row_map_arg(row_map: torch.Tensor | None, blocks: MoELoRABlocks) -> torch.Tensor:
+    """The kernels' row-map argument: ``row_map [>=M*K]`` int32, or a placeholder that is
+    never read (``ROW_MAP`` off)."""
+    if row_map is None:
+        return blocks.topk_ids
+    assert row_map.dtype == torch.int32 and row_map.is_contiguous(), row_map.dtype
+    assert row_map.numel() >= blocks.num_rows, (row_map.shape, blocks.num_rows)
+    return row_map
 
 
 def _part_shape(a: tuple[torch.Tensor, ...], blocks: MoELoRABlocks, cfg: OpConfig
@@ -265,6 +291,7 @@ def moe_lora_expand(
     topk_weights: torch.Tensor | None = None,
     add_inputs: bool = True,
     use_pdl: bool = False,
+    row_map: torch.Tensor | None = None,
 ) -> None:
     """Expand with the add fused: ``y [M*K, >=S*N] (+)= scale * w_row * part @ B^T`` per slice.
 
@@ -274,18 +301,24 @@ def moe_lora_expand(
     vLLM folds it into B); ``topk_weights [M, K]`` multiplies row ``t*K+k`` by its routing
     weight (down proj) when given. With ``add_inputs=False`` the rows of the blocks are
     overwritten (other rows untouched). Repeat calls of a known shape and block layout launch a
-    prepared launch.
+    prepared launch. ``row_map [M*K]`` int32: row ``t*K+k`` goes to ``y[row_map[t*K+k]]``
+    (module docstring).
     """
-    expand_with_plan(y, part, lora_b, blocks, cfg, scaling, topk_weights, add_inputs, use_pdl)
+    expand_with_plan(y, part, lora_b, blocks, cfg, scaling, topk_weights, add_inputs, use_pdl,
+                     row_map=row_map)
 
 
 def expand_with_plan(y, part, lora_b, blocks, cfg, scaling=None, topk_weights=None,
                      add_inputs=True, use_pdl=False, act=None,
-                     swiglu=(SWIGLUOAI_ALPHA, SWIGLUOAI_LIMIT)) -> PreparedLaunch | None:
-    """``moe_lora_expand`` returning the prepared launch it used (None: nothing launched).
+                     swiglu=(SWIGLUOAI_ALPHA, SWIGLUOAI_LIMIT),
+                     row_map=None) -> PreparedLaunch | None:
+    """``moe_lora_expand`` returning the prepared launch it used (None: nothing launched). A
+    prepared launch takes ``(y, act, B0, B1, part, scale, weights, *block tables, row map)``
+    anew.
 
     ``act [M*K, N/2]``: write the rows' swiglu ``(alpha, limit)`` activation there instead of
-    ``y`` (one slice of N interleaved gate/up columns; ``kernels.triton_moe_lora_act``)."""
+    ``y`` (one slice of N interleaved gate/up columns; ``kernels.triton_moe_lora_act``), at
+    the same rows as ``y`` (``row_map``)."""
     b = as_slices(lora_b)
     num_slices = len(b)
     bl = blocks
@@ -294,17 +327,19 @@ def expand_with_plan(y, part, lora_b, blocks, cfg, scaling=None, topk_weights=No
     tw = topk_weights.reshape(-1) if topk_weights is not None else part
     sc = scaling if scaling is not None else part
     ac = act if act is not None else y
+    rm = _row_map_arg(row_map, bl)
     key = (cfg, bl.max_blocks, bl.block_m, bl.naive, bl.top_k, bl.num_experts, y.stride(0),
            y.dtype, b[0].shape,
            b[0].stride(), num_slices, part.shape, scaling is not None, topk_weights is not None,
            tw.dtype, sc.dtype, add_inputs, use_pdl, act is not None, ac.stride(0), ac.dtype,
-           swiglu, aligned16(y, ac, b[0], b[-1], part, sc, tw, bl.topk_ids, bl.token_lora,
-                             bl.enabled))
+           swiglu, row_map is not None,
+           aligned16(y, ac, b[0], b[-1], part, sc, tw, bl.topk_ids, bl.token_lora, bl.enabled,
+                     rm))
     plan = _EXPAND_PLANS.get(key)
     blocks_args = (bl.sorted_rows, bl.block_pair, bl.block_nrows, bl.num_blocks, bl.topk_ids,
                    bl.token_lora, bl.enabled)
     if plan is not None:
-        plan.launch(raw_stream(y.device), y, ac, b[0], b[-1], part, sc, tw, *blocks_args)
+        plan.launch(raw_stream(y.device), y, ac, b[0], b[-1], part, sc, tw, *blocks_args, rm)
         return plan
     out_features, rank = b[0].shape[-2], b[0].shape[-1]
     rp = rank_pad(rank)
@@ -316,7 +351,7 @@ def expand_with_plan(y, part, lora_b, blocks, cfg, scaling=None, topk_weights=No
         assert num_slices == 1 and out_features % 2 == 0 and act.shape[-1] >= out_features // 2
     return _EXPAND_PLANS.launch_new(
         key, (cdiv(out_features, block_n), bl.max_blocks, num_slices),
-        (y, ac, b[0], b[-1], part, sc, tw, *blocks_args, bl.top_k,
+        (y, ac, b[0], b[-1], part, sc, tw, *blocks_args, rm, bl.top_k,
          out_features, rank, bl.num_experts, part.shape[0],
          y.stride(0), ac.stride(0), b[0].stride(0), b[0].stride(1), b[0].stride(2),
          part.stride(0), part.stride(1), float(swiglu[0]), float(swiglu[1])),
@@ -324,5 +359,6 @@ def expand_with_plan(y, part, lora_b, blocks, cfg, scaling=None, topk_weights=No
              EVEN_N=out_features % block_n == 0, EVEN_R=rank == rp, NUM_SLICES=num_slices,
              HAS_SCALE=scaling is not None, MUL_ROUTED_WEIGHT=topk_weights is not None,
              ADD_INPUTS=add_inputs, NAIVE=bl.naive, USE_PDL=use_pdl, SWIGLU=act is not None,
-             num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=use_pdl),
-        lead=7 + len(blocks_args))
+             ROW_MAP=row_map is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+             launch_pdl=use_pdl),
+        lead=8 + len(blocks_args))

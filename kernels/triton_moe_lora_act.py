@@ -6,7 +6,9 @@ it into the activation ``act [M*K, I]``: the whole ``[M*K, 2I]`` tensor is writt
 more than needed (0.75 GB per layer at 8192 tokens). With ``act`` given, the expand
 (``kernels.triton_moe_lora``, ``SWIGLU``) computes the activation of the rows it owns (those
 with expert LoRA) from its fp32 sum and writes ``act`` instead of ``y13``;
-``swiglu_rows_without_lora`` does the other rows, reading ``y13`` as the GEMM left it.
+``swiglu_rows_without_lora`` does the other rows, reading ``y13`` as the GEMM left it. With a
+row map (``kernels.triton_moe_lora``), row ``t*K+k`` of ``y13`` and ``act`` is
+``row_map[t*K+k]`` (the MXFP4 experts' expert-sorted rows).
 
 Activation (vLLM's ``swigluoai_and_mul``): ``gate = min(y[2j], limit)``, ``up = clamp(y[2j+1],
 -limit, limit)``, ``act[j] = gate * sigmoid(alpha * gate) * (up + 1)``, in fp32 from the bf16
@@ -36,15 +38,21 @@ def swiglu_oai(gate, up, alpha, limit):
 
 @triton.jit(do_not_specialize=["num_rows"])
 def _swiglu_rows_without_lora_kernel(
-    act_ptr, y_ptr, topk_ids_ptr, token_lora_ptr, enabled_ptr, num_rows, top_k, num_experts,
-    half_n, stride_am, stride_ym, alpha, limit, BM: tl.constexpr, BN: tl.constexpr,
+    act_ptr, y_ptr, topk_ids_ptr, token_lora_ptr, enabled_ptr, row_map_ptr, num_rows, top_k,
+    num_experts, half_n, stride_am, stride_ym, alpha, limit, BM: tl.constexpr,
+    BN: tl.constexpr, ROW_MAP: tl.constexpr,
 ):
     """Program ``(row block, column block)``: ``act`` of the rows without expert LoRA (the
-    align kernel's own test, ``_row_keys``); a block whose rows all have it exits at once."""
-    rows = tl.program_id(0) * BM + tl.arange(0, BM)
-    _, has_lora = _row_keys(topk_ids_ptr, token_lora_ptr, enabled_ptr, rows, num_rows, top_k,
+    align kernel's own test, ``_row_keys``); a block whose rows all have it exits at once.
+    ``ROW_MAP``: rows at ``row_map[row]`` (negative: a padding pair, no row)."""
+    pairs = tl.program_id(0) * BM + tl.arange(0, BM)
+    _, has_lora = _row_keys(topk_ids_ptr, token_lora_ptr, enabled_ptr, pairs, num_rows, top_k,
                             num_experts, 0)
-    todo = (rows < num_rows) & (has_lora == 0)
+    todo = (pairs < num_rows) & (has_lora == 0)
+    rows = pairs
+    if ROW_MAP:
+        rows = tl.load(row_map_ptr + pairs, mask=todo, other=0)
+        todo = todo & (rows >= 0)
     if tl.max(todo.to(tl.int32), 0) == 0:
         return
     cols = tl.program_id(1) * BN + tl.arange(0, BN)
@@ -63,14 +71,18 @@ _COMPLEMENT = CachedLauncher(_swiglu_rows_without_lora_kernel)
 def swiglu_rows_without_lora(act: torch.Tensor, y13: torch.Tensor, topk_ids: torch.Tensor,
                              token_lora: torch.Tensor, enabled: torch.Tensor, num_experts: int,
                              alpha: float = SWIGLUOAI_ALPHA,
-                             limit: float = SWIGLUOAI_LIMIT) -> None:
+                             limit: float = SWIGLUOAI_LIMIT,
+                             row_map: torch.Tensor | None = None) -> None:
     """``act [M*K, I]`` of the rows without expert LoRA from ``y13 [M*K, 2I]`` (``topk_ids
     [M, K]`` int32, ``token_lora [>=M]`` slot or -1, ``enabled [L]``): what the fused expand
-    leaves to do. Grid depends only on M (CUDA-graph safe)."""
+    leaves to do. ``row_map [M*K]`` int32: pair ``t*K+k``'s rows of ``y13`` and ``act`` are
+    ``row_map[t*K+k]``. Grid depends only on M (CUDA-graph safe)."""
     rows, top_k = topk_ids.numel(), topk_ids.shape[1]
     half_n = act.shape[1]
     assert y13.shape[1] == 2 * half_n and act.stride(1) == 1 and y13.stride(1) == 1
+    rm = topk_ids if row_map is None else row_map
+    assert rm.dtype == torch.int32 and rm.is_contiguous() and rm.numel() >= rows
     _COMPLEMENT((max(1, cdiv(rows, BLOCK_ROWS)), cdiv(half_n, BLOCK_COLS)), act, y13, topk_ids,
-                token_lora, enabled, rows, top_k, num_experts, half_n, act.stride(0),
+                token_lora, enabled, rm, rows, top_k, num_experts, half_n, act.stride(0),
                 y13.stride(0), float(alpha), float(limit), num_warps=4, BM=BLOCK_ROWS,
-                BN=BLOCK_COLS)
+                BN=BLOCK_COLS, ROW_MAP=row_map is not None)

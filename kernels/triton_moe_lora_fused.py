@@ -7,7 +7,9 @@ whole input, fp32 on CUDA cores: no tensor-core tile is worth it for one row) an
 of ``inter · B^T`` to ``y[row]``: A is read by the ``parts`` programs of a row (from L2 after the
 first), B and y once. Semantics equal ``moe_lora_shrink`` + ``moe_lora_expand`` in the naive
 layout (``MoELoRABlocks.naive``): row ``t*K+k`` reads ``x[(t*K+k) // x_row_div]``, slice ``s``
-writes columns ``[s*N, (s+1)*N)``, optional per-slot scale and routing weight, add or overwrite.
+writes columns ``[s*N, (s+1)*N)``, optional per-slot scale and routing weight, add or overwrite;
+with a row map (``kernels.triton_moe_lora``), ``x`` (down) or ``y`` (gate_up) rows in the base
+backend's order.
 """
 
 from __future__ import annotations
@@ -26,11 +28,12 @@ from kernels.triton_lora_common import as_slices, rank_pad
 @triton.jit
 def _moe_lora_fused_kernel(
     y_ptr, x_ptr, a0_ptr, a1_ptr, b0_ptr, b1_ptr, scale_ptr, topk_w_ptr,
-    topk_ids_ptr, token_lora_ptr, enabled_ptr, top_k, x_row_div,
+    topk_ids_ptr, token_lora_ptr, enabled_ptr, row_map_ptr, top_k, x_row_div,
     in_features, out_features, rank, n_per_part,
     stride_xm, stride_al, stride_ae, stride_ar, stride_ym, stride_bl, stride_be, stride_bn,
     RP: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SLICES: tl.constexpr,
     HAS_SCALE: tl.constexpr, MUL_ROUTED_WEIGHT: tl.constexpr, ADD_INPUTS: tl.constexpr,
+    X_MAP: tl.constexpr, Y_MAP: tl.constexpr,
 ):
     row = tl.program_id(0)
     part = tl.program_id(1)
@@ -50,7 +53,10 @@ def _moe_lora_fused_kernel(
     b_base += slot.to(tl.int64) * stride_bl + expert.to(tl.int64) * stride_be
     offs_r = tl.arange(0, RP)
     r_ok = offs_r < rank
-    x_base = x_ptr + (row // x_row_div).to(tl.int64) * stride_xm
+    x_row = row
+    if X_MAP:
+        x_row = tl.load(row_map_ptr + row)
+    x_base = x_ptr + (x_row // x_row_div).to(tl.int64) * stride_xm
     inter = tl.zeros([RP], dtype=tl.float32)
     for k in range(0, in_features, BLOCK_K):
         offs_k = k + tl.arange(0, BLOCK_K)
@@ -65,7 +71,10 @@ def _moe_lora_fused_kernel(
         inter *= tl.load(topk_w_ptr + row).to(tl.float32)
     n_start = part * n_per_part
     n_end = tl.minimum(n_start + n_per_part, out_features)
-    y_base = y_ptr + row.to(tl.int64) * stride_ym + pid_slice * out_features
+    y_row = row
+    if Y_MAP:
+        y_row = tl.load(row_map_ptr + row)
+    y_base = y_ptr + y_row.to(tl.int64) * stride_ym + pid_slice * out_features
     for n in range(n_start, n_end, BLOCK_N):
         offs_n = n + tl.arange(0, BLOCK_N)
         n_ok = offs_n < n_end
@@ -94,10 +103,14 @@ def moe_lora_fused(
     block_k: int = 128,
     block_n: int = 64,
     num_warps: int = 4,
+    row_map: torch.Tensor | None = None,
+    map_rows_of: str = "",
 ) -> None:
     """``y [M*K, >=S*N] (+)= scale * w_row * (x[row // x_row_div] A^T) B^T`` per slice for the
     rows with expert LoRA, in one launch; ``blocks`` must be a naive layout. Shapes as
-    ``moe_lora_shrink`` / ``moe_lora_expand``."""
+    ``moe_lora_shrink`` / ``moe_lora_expand``. ``row_map [M*K]`` int32 with ``map_rows_of``
+    "x" (down: row ``t*K+k`` reads ``x[row_map[t*K+k]]``) or "y" (gate_up: writes
+    ``y[row_map[t*K+k]]``)."""
     assert blocks.naive, "the fused path takes the naive (one row per block) layout"
     a, b = as_slices(lora_a), as_slices(lora_b)
     num_slices = len(a)
@@ -115,15 +128,19 @@ def moe_lora_fused(
     n_per_part = cdiv(cdiv(out_features, parts), block_n) * block_n
     parts = cdiv(out_features, n_per_part)
     tw = topk_weights.reshape(-1) if topk_weights is not None else y
+    assert (row_map is None) == (map_rows_of == ""), map_rows_of
+    assert map_rows_of in ("", "x", "y"), map_rows_of
+    rm = blocks.topk_ids if row_map is None else row_map
+    assert rm.dtype == torch.int32 and rm.is_contiguous() and rm.numel() >= rows
     _FUSED(
         (rows, parts, num_slices),
         y, x, a[0], a[-1], b[0], b[-1], scaling if scaling is not None else y, tw,
-        blocks.topk_ids, blocks.token_lora, blocks.enabled, blocks.top_k, x_row_div,
+        blocks.topk_ids, blocks.token_lora, blocks.enabled, rm, blocks.top_k, x_row_div,
         in_features, out_features, rank, n_per_part,
         x.stride(0), a[0].stride(0), a[0].stride(1), a[0].stride(2),
         y.stride(0), b[0].stride(0), b[0].stride(1), b[0].stride(2),
         RP=rp, BLOCK_K=min(block_k, max(16, next_pow2(in_features))), BLOCK_N=block_n,
         NUM_SLICES=num_slices, HAS_SCALE=scaling is not None,
         MUL_ROUTED_WEIGHT=topk_weights is not None, ADD_INPUTS=add_inputs,
-        num_warps=num_warps,
+        X_MAP=map_rows_of == "x", Y_MAP=map_rows_of == "y", num_warps=num_warps,
     )

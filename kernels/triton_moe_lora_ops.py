@@ -66,35 +66,40 @@ class MoELoRAOps:
 
     def add_w13(self, y13: torch.Tensor, x: torch.Tensor, a13, b13,
                 scaling: torch.Tensor | None = None, add_inputs: bool = True,
-                act: torch.Tensor | None = None) -> bool:
+                act: torch.Tensor | None = None, row_map: torch.Tensor | None = None) -> bool:
         """gate_up: ``y13 [M*K, 2I] (+)= scale * (x A13^T) B13^T`` for rows with expert LoRA;
         with ``act [M*K, I]`` and one slice, those rows' GPT-OSS swiglu is written there instead
         (``kernels.triton_moe_lora_act``). Returns whether it was (not by the fused tiny-batch
-        launch, nor for two slices: they add into ``y13``)."""
+        launch, nor for two slices: they add into ``y13``). ``row_map [M*K]`` int32: row
+        ``t*K+k`` of ``y13`` / ``act`` is ``row_map[t*K+k]`` (``kernels.triton_moe_lora``)."""
         b13 = as_slices(b13)
         if act is not None and (self.fused or len(b13) != 1):
             act = None
         if self.fused:
             moe_lora_fused(y13, x, a13, b13, self.blocks, self.blocks.top_k, scaling=scaling,
-                           add_inputs=add_inputs)
+                           add_inputs=add_inputs, row_map=row_map,
+                           map_rows_of="" if row_map is None else "y")
             return False
         part, shrink = shrink_with_plan(x, a13, self.blocks, self.blocks.top_k,
                                         self.cfg["shrink13"], use_pdl=self.use_pdl)
         expand = expand_with_plan(y13, part, b13, self.blocks, self.cfg["expand13"],
                                   scaling=scaling, add_inputs=add_inputs, use_pdl=self.use_pdl,
-                                  act=act)
+                                  act=act, row_map=row_map)
         self.launches13 = (shrink, expand)
         return act is not None
 
     def add_w2(self, y2: torch.Tensor, h: torch.Tensor, a2, b2, topk_weights: torch.Tensor | None,
-               scaling: torch.Tensor | None = None, add_inputs: bool = True) -> None:
-        """down: ``y2 [M*K, H] (+)= scale * w * (h A2^T) B2^T`` with ``h [M*K, I]``."""
+               scaling: torch.Tensor | None = None, add_inputs: bool = True,
+               row_map: torch.Tensor | None = None) -> None:
+        """down: ``y2 [M*K, H] (+)= scale * w * (h A2^T) B2^T`` with ``h [M*K, I]`` (row
+        ``t*K+k`` of ``h`` at ``row_map[t*K+k]`` when given; ``y2`` in ``t*K+k`` order)."""
         if self.fused:
             moe_lora_fused(y2, h, a2, b2, self.blocks, 1, scaling=scaling,
-                           topk_weights=topk_weights, add_inputs=add_inputs)
+                           topk_weights=topk_weights, add_inputs=add_inputs, row_map=row_map,
+                           map_rows_of="" if row_map is None else "x")
             return
         part, shrink = shrink_with_plan(h, a2, self.blocks, 1, self.cfg["shrink2"],
-                                        use_pdl=self.use_pdl)
+                                        use_pdl=self.use_pdl, row_map=row_map)
         expand = expand_with_plan(y2, part, b2, self.blocks, self.cfg["expand2"],
                                   scaling=scaling, topk_weights=topk_weights,
                                   add_inputs=add_inputs, use_pdl=self.use_pdl)
@@ -109,14 +114,15 @@ def warm_up(
     num_experts: int,
     top_k: int,
     configs: Sequence[tuple[int, dict]],
-    swiglu: bool = False,
+    mxfp4: bool = False,
 ) -> None:
     """Compiles every kernel variant that the layer configs ``[(M, config)]`` can launch, so no
     batch size compiles during serving. Runs each config once at its M on zero inputs (outputs
     go to scratch buffers; the weights are only read), plus the align program at each of its
-    row-chunk sizes and the parallel align where a config uses it. ``swiglu``: also the gate_up
-    expand with the activation folded in and its complement (``kernels.triton_moe_lora_act``:
-    the MXFP4 experts' path). Call outside CUDA-graph capture.
+    row-chunk sizes and the parallel align where a config uses it. ``mxfp4``: the unfused MXFP4
+    experts' variants instead (``kernels.vllm_cuda_mxfp4``): every op with a row map, the gate_up
+    expand also with the activation folded in, and its complement
+    (``kernels.triton_moe_lora_act``). Call outside CUDA-graph capture.
     """
     a13, b13 = as_slices(lora_a13), as_slices(lora_b13)
     dev = a13[0].device
@@ -133,15 +139,17 @@ def warm_up(
         ids, lora = routing(m)
         ops = MoELoRAOps(ids, lora, enabled, num_experts, hidden, inter, rank, slots, config=cfg)
         y13 = torch.zeros(m * top_k, n13, dtype=a13[0].dtype, device=dev)
-        ops.add_w13(y13, torch.zeros(m, hidden, dtype=a13[0].dtype, device=dev), a13, b13)
-        if swiglu and len(b13) == 1:
+        x = torch.zeros(m, hidden, dtype=a13[0].dtype, device=dev)
+        rmap = (torch.arange(m * top_k - 1, -1, -1, dtype=torch.int32, device=dev)
+                if mxfp4 else None)
+        ops.add_w13(y13, x, a13, b13, row_map=rmap)
+        if mxfp4 and len(b13) == 1:
             act = torch.empty(m * top_k, n13 // 2, dtype=a13[0].dtype, device=dev)
-            ops.add_w13(y13, torch.zeros(m, hidden, dtype=a13[0].dtype, device=dev), a13, b13,
-                        act=act)
-            swiglu_rows_without_lora(act, y13, ids, lora, enabled, num_experts)
+            ops.add_w13(y13, x, a13, b13, act=act, row_map=rmap)
+            swiglu_rows_without_lora(act, y13, ids, lora, enabled, num_experts, row_map=rmap)
         y2 = torch.zeros(m * top_k, hidden, dtype=a13[0].dtype, device=dev)
         ops.add_w2(y2, torch.zeros(m * top_k, inter, dtype=a13[0].dtype, device=dev), lora_a2,
-                   lora_b2, torch.ones(m, top_k, device=dev))
+                   lora_b2, torch.ones(m, top_k, device=dev), row_map=rmap)
     for bm in sorted({int(cfg["block_m"]) for _, cfg in configs if not cfg.get("naive")}):
         for chunk in ALIGN_CHUNKS:
             ids, lora = routing(max(1, chunk // top_k))

@@ -73,8 +73,8 @@ def _set_mapping(self, punica_wrapper):
     experts = self._moe_kernel.fused_experts
     ctx = getattr(experts, "_lora_context", None)
     if ctx is not None and _ctx_supported(ctx):
-        unfused_mxfp4 = vllm_cuda_mxfp4._unfused_class()  # folds the activation into gate_up
-        warm_up_layer(ctx, ctx.top_k, swiglu=unfused_mxfp4 is not None
+        unfused_mxfp4 = vllm_cuda_mxfp4._unfused_class()  # sorted rows, folded activation
+        warm_up_layer(ctx, ctx.top_k, mxfp4=unfused_mxfp4 is not None
                       and isinstance(experts, unfused_mxfp4))
 
 
@@ -92,10 +92,11 @@ def _moe_layer(ctx):
 
 
 def _gate_up(ctx, y2d: torch.Tensor, x: torch.Tensor, topk_ids: torch.Tensor,
-             add_inputs: bool = True, act: torch.Tensor | None = None):
+             add_inputs: bool = True, act: torch.Tensor | None = None,
+             row_map: torch.Tensor | None = None):
     """loraplex's gate_up LoRA into ``y2d [M*K, N]`` (``x [M, H]``, ``topk_ids [M, K]``;
-    ``act``: see ``MoELoRALayer.gate_up``): the step for ``down``, or ``_SKIP`` when no token
-    of the step has expert LoRA."""
+    ``act``, ``row_map``: see ``MoELoRALayer.gate_up``): the step for ``down``, or ``_SKIP``
+    when no token of the step has expert LoRA."""
     warm_up_layer(ctx, topk_ids.shape[1])  # normally done at set_mapping; before the exits below
     if vllm_cuda_live.moe_step_idle(ctx):  # no expert LoRA in this step (vLLM's early exit)
         return _SKIP
@@ -103,31 +104,37 @@ def _gate_up(ctx, y2d: torch.Tensor, x: torch.Tensor, topk_ids: torch.Tensor,
     x2d = x if x.stride(-1) == 1 else x.contiguous()
     return _moe_layer(ctx).gate_up(y2d, x2d, topk_ids, token_lora,
                                    ctx.adapter_enabled[: ctx.max_loras], add_inputs=add_inputs,
-                                   act=act)
+                                   act=act, row_map=row_map)
 
 
-def gate_up_with_swiglu(ctx, y13: torch.Tensor, act: torch.Tensor, x: torch.Tensor,
-                        topk_ids: torch.Tensor):
-    """For the MXFP4 experts (``kernels.vllm_cuda_mxfp4``): gate_up LoRA with GPT-OSS's swiglu
-    (alpha 1.702, limit 7) folded in: ``act [M*K, I]`` of every row from ``y13 [M*K, 2I]`` (the
-    w13 GEMM's output, gate/up interleaved) plus the LoRA delta (``x [M, H]``, ``topk_ids [M,
-    K]`` int32). Returns ``(hook tuple for apply_w2_lora, act written)``; None when loraplex's
-    ops do not take the layer (the caller runs vLLM's hooks). ``act written`` is False where
-    the fold does not apply (two gate/up slices, a padded N, the tiny-batch fused launch): then
-    ``y13`` holds the sum and the caller runs the activation."""
+def takes_layer(ctx, x: torch.Tensor) -> bool:
+    """Whether loraplex's ops run this MoE layer's LoRA for input ``x`` (no expert map)."""
+    return _ours_applies(ctx, x, None)
+
+
+def unfused_gate_up(ctx, y13: torch.Tensor, act: torch.Tensor, x: torch.Tensor,
+                    topk_ids: torch.Tensor, row_map: torch.Tensor | None, swiglu: bool):
+    """For the MXFP4 experts (``kernels.vllm_cuda_mxfp4``; ``takes_layer`` checked): gate_up
+    LoRA into ``y13 [M*K, 2I]`` (the w13 GEMM's output, gate/up interleaved; ``x [M, H]``,
+    ``topk_ids [M, K]``), pair ``t*K+k``'s row at ``row_map[t*K+k]`` (the GEMM's expert-sorted
+    rows; None: ``t*K+k``). ``swiglu``: GPT-OSS's activation (``kernels.reference``'s alpha and
+    limit) folded in, ``act [M*K, I]`` of every row written from the expand's sum or, for rows
+    without expert LoRA, by the complement kernel. Returns ``(hook tuple for apply_w2_lora,
+    act written)``; ``act written`` is False where the fold does not apply (not ``swiglu``, two
+    gate/up slices, a padded N, the tiny-batch fused launch): then ``y13`` holds the sum and the
+    caller runs the activation. The step keeps ``row_map`` for down's input rows."""
     from kernels.triton_moe_lora_act import swiglu_rows_without_lora
 
-    if not _ours_applies(ctx, x, None):
-        return None
     b13 = ctx.w13_lora_b_stacked
-    foldable = (len(b13) == 1 and b13[0].shape[-2] == y13.shape[1] == 2 * act.shape[1]
+    foldable = (swiglu and len(b13) == 1 and b13[0].shape[-2] == y13.shape[1] == 2 * act.shape[1]
                 and topk_ids.dtype == torch.int32 and topk_ids.is_contiguous())
-    step = _gate_up(ctx, y13, x, topk_ids, act=act if foldable else None)
+    step = _gate_up(ctx, y13, x, topk_ids, act=act if foldable else None, row_map=row_map)
     done = step is not _SKIP and step.act_done
     if done:  # the expand wrote the rows with expert LoRA: the others from the GEMM's output
         meta = ctx.punica_wrapper.token_mapping_meta
         swiglu_rows_without_lora(act, y13, topk_ids, meta.token_lora_mapping[: x.size(0)],
-                                 ctx.adapter_enabled[: ctx.max_loras], ctx.local_num_experts)
+                                 ctx.adapter_enabled[: ctx.max_loras], ctx.local_num_experts,
+                                 row_map=row_map)
     return (step, None, None, None), done
 
 

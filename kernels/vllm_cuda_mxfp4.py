@@ -13,25 +13,31 @@ LoRA is enabled, the backend is left on automatic, no activation quantisation is
 speculative decoding is configured and the unfused Triton class supports the configuration,
 that class is chosen; otherwise vLLM's own choice stands. An explicit ``moe_backend`` always wins.
 
-``install`` also replaces that class's ``apply`` by ``_apply_pair_order``: the same two
+``install`` also replaces that class's ``apply`` by ``_apply_unfused``: the same two
 ``matmul_ogs`` GEMMs, activation, LoRA hooks and top-k sum, without vLLM's two row gathers.
 vLLM's version writes the w13 GEMM's rows in expert-sorted order, copies them to token-pair order
 for the LoRA hook and the activation (``y[gather.dst_indx]``, a ``[M*K, N]`` copy), then copies
-the activation back to sorted order for the w2 GEMM (``[M*K, N/2]``). Here ``matmul_ogs`` does
-both moves inside the GEMMs, as it does for the fused path: the w13 GEMM gathers its input rows
-from the token ids of the sorted rows and scatters its output rows to their pair positions
-(``n_expts_act = 1``: no fused top-k sum), and the w2 GEMM gathers its input rows from the pair
-positions. Every tensor the LoRA hooks, the activation and ``moe_sum`` see is the same as in
-vLLM's version, row for row. The routing data comes from ``kernels.mxfp4_routing`` (the same
-data as vLLM's ``make_routing_data``, its inputs prepared in one launch instead of seven). A
-step without expert LoRA (no adapter, or none with expert weights) runs vLLM's fused Triton path
-instead — the activation inside the w13 GEMM, the top-k sum inside the w2 GEMM — as an engine
-without LoRA does, so enabling LoRA costs such steps nothing here. In a step with expert LoRA
-and loraplex's ops, the activation is folded into the gate_up LoRA expand
-(``vllm_cuda.gate_up_with_swiglu``): its rows' activation comes from the expand's sum, the other
-rows' from a small kernel, and the ``[M*K, N]`` output is not written back and read again.
-Expert parallelism (``expert_map``) and router weights applied to the input keep vLLM's own
-``apply``.
+the activation back to sorted order for the w2 GEMM (``[M*K, N/2]``). Here:
+
+- A step without expert LoRA (no adapter, or none with expert weights) runs vLLM's fused Triton
+  path — the activation inside the w13 GEMM, the top-k sum inside the w2 GEMM — as an engine
+  without LoRA does, so enabling LoRA costs such steps nothing.
+- When loraplex's ops take the layer (*sorted rows*): the w13 GEMM writes the expert-sorted rows
+  as the LoRA-off GEMM does, loraplex's gate_up and down LoRA read and write them through the
+  routing's row map (``gather.dst_indx``: pair ``t*K+k`` → sorted row; ``kernels.triton_moe_lora``),
+  GPT-OSS's activation is folded into the gate_up expand (``vllm_cuda.unfused_gate_up``), the w2
+  GEMM reads the sorted rows and scatters its output to pair order (``n_expts_act = 1``: no fused
+  top-k sum), then the LoRA down delta and ``moe_sum``. Scattering the w13 output to pair order
+  instead costs its GEMM 19–24 µs per layer at decode sizes on an H200
+  (``benchmarks/mxfp4_experts_steps.py``); the sorted w13 GEMM costs what the fused one does.
+- Otherwise (vLLM's own LoRA hooks, which need token-pair rows: *pair order*): the w13 GEMM
+  gathers its input rows from the token ids of the sorted rows and scatters its output rows to
+  their pair positions, and the w2 GEMM gathers its input rows from the pair positions; every
+  tensor the hooks, the activation and ``moe_sum`` see is vLLM's, row for row.
+
+The routing data comes from ``kernels.mxfp4_routing`` (the same data as vLLM's
+``make_routing_data``, its inputs prepared in one launch instead of seven). Expert parallelism
+(``expert_map``) and router weights applied to the input keep vLLM's own ``apply``.
 """
 
 from __future__ import annotations
@@ -125,14 +131,13 @@ def _fused_applies(oai, activation, quant) -> bool:
             and getattr(quant, "gemm1_clamp_limit", None) in (None, SWIGLUOAI_LIMIT))
 
 
-def _apply_pair_order(self, output, hidden_states, w1, w2, topk_weights, topk_ids, activation,
-                      global_num_experts, expert_map, a1q_scale, a2_scale, workspace13,
-                      workspace2, expert_tokens_meta, apply_router_weight_on_input):
+def _apply_unfused(self, output, hidden_states, w1, w2, topk_weights, topk_ids, activation,
+                   global_num_experts, expert_map, a1q_scale, a2_scale, workspace13,
+                   workspace2, expert_tokens_meta, apply_router_weight_on_input):
     """``UnfusedOAITritonExperts.apply`` without the two row-gather copies (module docstring).
 
     ``hidden_states [M, H]`` bf16, ``w1`` / ``w2`` MXFP4 experts, ``topk_ids`` /
-    ``topk_weights [M, K]``; ``output [M, H]``. Rows of ``y13 [M*K, N]``, ``act [M*K, N']`` and
-    ``y2 [M*K, H]`` are token-pair ordered (row ``t*K + k``), as vLLM's LoRA hooks expect."""
+    ``topk_weights [M, K]``; ``output [M, H]``."""
     if expert_map is not None or apply_router_weight_on_input:
         return _original_apply(self, output, hidden_states, w1, w2, topk_weights, topk_ids,
                                activation, global_num_experts, expert_map, a1q_scale, a2_scale,
@@ -140,10 +145,7 @@ def _apply_pair_order(self, output, hidden_states, w1, w2, topk_weights, topk_id
                                apply_router_weight_on_input)
     oai = _oai()
     quant = self.quant_config or oai.FUSED_MOE_UNQUANTIZED_CONFIG
-    m, hidden = hidden_states.shape
-    n = w1.shape[2]
     top_k = topk_ids.size(1)
-    rows = m * top_k
     routing, gather, scatter = _routing_data(self, oai, topk_ids, topk_weights, w1.shape[0])
     lora = self._lora_context
     swiglu_oai = _fused_applies(oai, activation, quant)
@@ -155,6 +157,52 @@ def _apply_pair_order(self, output, hidden_states, w1, w2, topk_weights, topk_id
             activation=activation, quant_config=quant, global_num_experts=w1.shape[0],
             intermediate_cache=workspace13, a1q_scale=a1q_scale)
         return
+    from kernels import vllm_cuda  # (imports this module)
+
+    args = (self, oai, quant, output, hidden_states, w1, w2, topk_weights, topk_ids, activation,
+            workspace13, workspace2, routing, gather, scatter)
+    if lora is None or vllm_cuda.takes_layer(lora, hidden_states):
+        _sorted_rows(*args, swiglu_oai)
+    else:
+        _pair_order(*args)
+
+
+def _sorted_rows(self, oai, quant, output, hidden_states, w1, w2, topk_weights, topk_ids,
+                 activation, workspace13, workspace2, routing, gather, scatter, swiglu_oai):
+    """The experts with loraplex's LoRA ops (or none) on expert-sorted rows: ``y13 [M*K, N]``
+    and ``act [M*K, N']`` in the w13 GEMM's sorted order (pair ``t*K+k`` at
+    ``gather.dst_indx[t*K+k]``), ``y2 [M*K, H]`` in pair order for the down LoRA and
+    ``moe_sum``."""
+    m, hidden = hidden_states.shape
+    n, top_k = w1.shape[2], topk_ids.size(1)
+    rows = m * top_k
+    y13 = oai._resize_cache(workspace2, (1, rows, n))
+    act = oai._resize_cache(workspace13, (rows, self.adjust_N_for_activation(n, activation)))
+    y2 = oai._resize_cache(workspace2, (1, rows, hidden))  # y13 is dead once act is written
+    oai.matmul_ogs(hidden_states, w1, quant.w1_bias, routing, gather_indx=gather,
+                   precision_config=quant.w1_precision, y=y13)
+    y13 = y13.view(rows, n)
+    lora, step, act_done = self._lora_context, (None, None, None, None), False
+    if lora is not None:
+        from kernels import vllm_cuda
+
+        step, act_done = vllm_cuda.unfused_gate_up(lora, y13, act, hidden_states, topk_ids,
+                                                   row_map=gather.dst_indx, swiglu=swiglu_oai)
+    if not act_done:
+        self.activation(activation, act, y13)
+    routing.n_expts_act = 1  # one output row per (token, expert) pair: no fused top-k sum
+    oai.matmul_ogs(act, w2, quant.w2_bias, routing, scatter_indx=scatter,
+                   precision_config=quant.w2_precision, gammas=routing.gate_scal, y=y2)
+    _down_and_sum(self, lora, step, output, y2, act, topk_weights, w1, w2, m, top_k)
+
+
+def _pair_order(self, oai, quant, output, hidden_states, w1, w2, topk_weights, topk_ids,
+                activation, workspace13, workspace2, routing, gather, scatter):
+    """The experts with vLLM's LoRA hooks on token-pair ordered rows (row ``t*K+k`` of
+    ``y13 [M*K, N]``, ``act [M*K, N']`` and ``y2 [M*K, H]``), as vLLM's hooks expect."""
+    m, hidden = hidden_states.shape
+    n, top_k = w1.shape[2], topk_ids.size(1)
+    rows = m * top_k
     routing.n_expts_act = 1  # one output row per (token, expert) pair: no fused top-k sum
     # sorted row r reads token src_indx[r] // K (-1 padding stays in range, as in the kernel)
     token_gather = type(gather)(src_indx=torch.div(gather.src_indx, top_k, rounding_mode="trunc"),
@@ -165,22 +213,20 @@ def _apply_pair_order(self, output, hidden_states, w1, w2, topk_weights, topk_id
     oai.matmul_ogs(hidden_states, w1, quant.w1_bias, routing, gather_indx=token_gather,
                    scatter_indx=scatter, precision_config=quant.w1_precision, y=y13)
     y13 = y13.view(rows, n)
-    step, act_done = (None, None, None, None), False
-    fold = None
-    if lora is not None and swiglu_oai:
-        from kernels import vllm_cuda  # (imports this module)
-
-        fold = vllm_cuda.gate_up_with_swiglu(lora, y13, act, hidden_states, topk_ids)
-    if fold is not None:  # loraplex's gate_up, the activation folded into its expand
-        step, act_done = fold
-    elif lora is not None:
-        step = self.apply_w13_lora(lora, y=y13, x=hidden_states, topk_ids=topk_ids,
-                                   topk_weights=topk_weights, expert_map=None, w1=w1, w2=w2,
-                                   num_tokens=m, top_k_num=top_k)
-    if not act_done:
-        self.activation(activation, act, y13)
+    lora = self._lora_context
+    step = self.apply_w13_lora(lora, y=y13, x=hidden_states, topk_ids=topk_ids,
+                               topk_weights=topk_weights, expert_map=None, w1=w1, w2=w2,
+                               num_tokens=m, top_k_num=top_k)
+    self.activation(activation, act, y13)
     oai.matmul_ogs(act, w2, quant.w2_bias, routing, gather_indx=gather, scatter_indx=scatter,
                    precision_config=quant.w2_precision, gammas=routing.gate_scal, y=y2)
+    _down_and_sum(self, lora, step, output, y2, act, topk_weights, w1, w2, m, top_k)
+
+
+def _down_and_sum(self, lora, step, output, y2, act, topk_weights, w1, w2, m, top_k) -> None:
+    """The down LoRA hook into ``y2 [1, M*K, H]`` (pair order; ``act``'s rows as the gate_up
+    step left them) and the top-k sum into ``output [M, H]``."""
+    hidden = output.shape[1]
     if lora is not None:
         self.apply_w2_lora(lora, y=y2.view(m, top_k, hidden), x=act, topk_weights=topk_weights,
                            sorted_token_ids_lora=step[0], expert_ids_lora=step[1],
@@ -202,13 +248,13 @@ def install_backend_choice() -> None:
 
 def install() -> None:
     """``install_backend_choice`` and the unfused Triton class's ``apply`` replaced by
-    ``_apply_pair_order`` (idempotent)."""
+    ``_apply_unfused`` (idempotent)."""
     global _original_apply
     install_backend_choice()
     cls = _unfused_class()
     if cls is not None and _original_apply is None:
         _original_apply = cls.apply
-        cls.apply = _apply_pair_order
+        cls.apply = _apply_unfused
 
 
 def uninstall() -> None:

@@ -49,10 +49,11 @@ def vllm_logger() -> logging.Logger:
     return log
 
 
-def warm_up_layer(ctx, top_k: int, swiglu: bool = False) -> None:
+def warm_up_layer(ctx, top_k: int, mxfp4: bool = False) -> None:
     """Compiles every kernel variant the tuned (or default) configs of this layer shape can
-    launch (``swiglu``: also those folding GPT-OSS's activation into gate_up, for the MXFP4
-    experts); once per shape and process, never during CUDA-graph capture."""
+    launch (``mxfp4``: those of the unfused MXFP4 experts instead — rows through a row map,
+    GPT-OSS's activation folded into gate_up); once per shape and process, never during
+    CUDA-graph capture."""
     if id(ctx) in _done_contexts:  # the per-step path: one set lookup
         return
     from kernels.triton_moe_lora_configs import get_layer_config, tuned_layer_configs, untuned_ms
@@ -60,7 +61,7 @@ def warm_up_layer(ctx, top_k: int, swiglu: bool = False) -> None:
 
     a13 = ctx.w13_lora_a_stacked
     key = (tuple(a13[0].shape), len(a13), tuple(ctx.w2_lora_a_stacked[0].shape), top_k,
-           a13[0].dtype, a13[0].device, swiglu)
+           a13[0].dtype, a13[0].device, mxfp4)
     if key in _warmed:
         _done_contexts.add(id(ctx))
         return
@@ -74,7 +75,7 @@ def warm_up_layer(ctx, top_k: int, swiglu: bool = False) -> None:
                        for m in untuned_ms([m for m, _ in tuned], WARM_UP_MS)]
     with compiling_on_purpose():
         warm_up(a13, ctx.w13_lora_b_stacked, ctx.w2_lora_a_stacked[0], ctx.w2_lora_b_stacked[0],
-                ctx.local_num_experts, top_k, configs, swiglu=swiglu)
+                ctx.local_num_experts, top_k, configs, mxfp4=mxfp4)
     _warmed.add(key)
     _done_contexts.add(id(ctx))
     if a13[0].is_cuda:

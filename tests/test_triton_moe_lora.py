@@ -52,7 +52,8 @@ def test_interpreter_suite_in_fresh_process():
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     files = [str(Path(__file__).resolve()), str(root / "tests" / "test_vllm_cuda.py"),
              str(root / "tests" / "test_triton_dense_lora.py"),
-             str(root / "tests" / "test_mxfp4_routing.py")]
+             str(root / "tests" / "test_mxfp4_routing.py"),
+             str(root / "tests" / "test_triton_moe_lora_rowmap.py")]
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files],
                           cwd=root, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
@@ -259,8 +260,8 @@ def test_gpu_model_shapes_bf16(shape, num_tokens):
 
 
 @needs_triton
-@pytest.mark.parametrize("swiglu", [False, True])
-def test_warm_up_runs_every_config_and_leaves_weights_alone(swiglu):
+@pytest.mark.parametrize("mxfp4", [False, True])
+def test_warm_up_runs_every_config_and_leaves_weights_alone(mxfp4):
     from kernels.moe_lora_align import align_chunk
     from kernels.triton_moe_lora_ops import warm_up
 
@@ -271,7 +272,7 @@ def test_warm_up_runs_every_config_and_leaves_weights_alone(swiglu):
     before = [w.clone() for w in (lora.w13_a, lora.w13_b, lora.w2_a, lora.w2_b)]
     configs = [(1, forced_config(16, 2, 16, 16, naive=True)), (6, forced_config(32, 1, 32, 32)),
                (9, forced_config(16, 1, 32, 32, parallel=True))]
-    warm_up(lora.w13_a, lora.w13_b, lora.w2_a, lora.w2_b, 5, 2, configs, swiglu=swiglu)
+    warm_up(lora.w13_a, lora.w13_b, lora.w2_a, lora.w2_b, 5, 2, configs, mxfp4=mxfp4)
     for w, b in zip((lora.w13_a, lora.w13_b, lora.w2_a, lora.w2_b), before):
         assert torch.equal(w, b)
 

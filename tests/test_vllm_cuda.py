@@ -307,12 +307,15 @@ def test_merged_column_apply_goes_through_add_lora_linear_with_one_rank():
         vllm_cuda_dense._originals.pop("_mcp_apply")
 
 
+@pytest.mark.parametrize("mapped", [False, True])
 @pytest.mark.parametrize("tokens", [3, 7])  # a naive layout (6 rows), a sorted one (14 rows)
-def test_gate_up_with_swiglu_folds_gpt_oss_activation(monkeypatch, tokens):
-    """``gate_up_with_swiglu`` (the MXFP4 experts' gate_up): every row's GPT-OSS swiglu of the
+def test_unfused_gate_up_folds_gpt_oss_activation(monkeypatch, tokens, mapped):
+    """``unfused_gate_up`` (the MXFP4 experts' gate_up): every row's GPT-OSS swiglu of the
     w13 output (gate/up interleaved) plus its LoRA delta, from the expand for rows with expert
     LoRA and from the complement kernel for the others (no adapter, a slot without expert LoRA);
-    twice, so a repeat step takes the layer's kept launches. Interpreter on CPU."""
+    twice, so a repeat step takes the layer's kept launches. ``mapped``: the rows of ``y13`` and
+    ``act`` in another order (a row map, as the GEMM's expert-sorted rows; one spare row that
+    nothing maps to). Interpreter on CPU."""
     dev = _triton_device(monkeypatch)
     H, I, E, K, L, r, T = 40, 24, 5, 2, 3, 8, tokens
     g = torch.Generator().manual_seed(tokens)
@@ -333,8 +336,12 @@ def test_gate_up_with_swiglu_folds_gpt_oss_activation(monkeypatch, tokens):
     monkeypatch.setattr(vllm_cuda, "warm_up_layer", lambda c, k: None)
     ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)]).to(torch.int32)
     ids = ids.to(dev)
-    x, y13 = rnd(T, H), rnd(T * K, 2 * I, std=3.0)
-    want = y13.double().clone()
+    spare = 1 if mapped else 0
+    x, y13 = rnd(T, H), rnd(T * K + spare, 2 * I, std=3.0)
+    row_map = (torch.randperm(T * K + spare, generator=g)[: T * K].to(torch.int32).to(dev)
+               if mapped else None)
+    rows = row_map.long() if mapped else torch.arange(T * K, device=dev)
+    want = y13[rows].double().clone()
     for p in range(T * K):
         t, a = p // K, int(token_lora[p // K])
         if a >= 0 and int(enabled[a]):
@@ -344,10 +351,13 @@ def test_gate_up_with_swiglu_folds_gpt_oss_activation(monkeypatch, tokens):
     up = want[:, 1::2].clamp(-7.0, 7.0)
     want_act = gate * torch.sigmoid(1.702 * gate) * (up + 1)
     for _ in range(2):
-        act = torch.full((T * K, I), float("nan"), device=dev)
+        act = torch.full((T * K + spare, I), float("nan"), device=dev)
         before = y13.clone()
-        step, done = vllm_cuda.gate_up_with_swiglu(ctx, y13, act, x, ids)
-        assert done and step[0].act_done
+        step, done = vllm_cuda.unfused_gate_up(ctx, y13, act, x, ids, row_map, swiglu=True)
+        assert done and step[0].act_done and step[0].row_map is row_map
         assert torch.equal(y13, before)  # the expand wrote act, not the GEMM output
         tol = 5e-3 if dev == "cuda" else 1e-5
-        assert float((act.double() - want_act).norm() / want_act.norm()) < tol
+        assert float((act[rows].double() - want_act).norm() / want_act.norm()) < tol
+        if mapped:  # the spare row: nothing written
+            spare_row = sorted(set(range(T * K + 1)) - set(rows.tolist()))
+            assert act[spare_row].isnan().all()

@@ -1,11 +1,12 @@
-"""``kernels.vllm_cuda_mxfp4._apply_pair_order``: the unfused MXFP4 experts' ``apply`` with the
-row moves done inside the two GEMMs instead of two gather copies.
+"""``kernels.vllm_cuda_mxfp4._apply_unfused``: the unfused MXFP4 experts' ``apply`` with the
+row moves done inside the two GEMMs instead of two gather copies, on expert-sorted rows (loraplex's
+LoRA ops, through the routing's row map) or token-pair rows (vLLM's LoRA hooks).
 
 Anywhere: with a PyTorch model of ``matmul_ogs``' gather / scatter / gammas semantics (as
 triton_kernels' own reference implements them) and a sorting routing, the layer's output equals
-a per-pair dense computation, with LoRA hooks that add pair-specific deltas (so a row in the
-wrong order would show) and see the tensors vLLM's hooks are given. On a GPU with vLLM 0.24 and
-``triton_kernels``: the real ``matmul_ogs`` (bf16 experts) against vLLM's own ``apply``.
+a per-pair dense computation, with LoRA deltas that are pair-specific (so a row in the wrong
+order would show) and hooks that see the tensors vLLM's hooks are given. On a GPU with vLLM 0.24
+and ``triton_kernels``: the real ``matmul_ogs`` (bf16 experts) against vLLM's own ``apply``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from kernels import vllm_cuda_mxfp4
+from kernels import vllm_cuda, vllm_cuda_mxfp4
 from tests.vllm_gpu import needs_vllm024_gpu
 
 
@@ -62,7 +63,7 @@ def matmul_ogs_model(x, w, bias, routing, gather_indx=None, scatter_indx=None,
 
 
 def lora_context(step_has_lora: bool):
-    """What ``_apply_pair_order`` reads of vLLM's MoE LoRA context: the step's no-LoRA flag (a
+    """What ``_apply_unfused`` reads of vLLM's MoE LoRA context: the step's no-LoRA flag (a
     CPU tensor) and the first A stack (for the skip check: not tracked here, never skipped)."""
     meta = SimpleNamespace(no_lora_flag_cpu=torch.tensor(not step_has_lora))
     return SimpleNamespace(punica_wrapper=SimpleNamespace(token_mapping_meta=meta),
@@ -71,7 +72,7 @@ def lora_context(step_has_lora: bool):
 
 
 class Experts:
-    """What ``_apply_pair_order`` uses of vLLM's experts object, with LoRA hooks adding fixed
+    """What ``_apply_unfused`` uses of vLLM's experts object, with LoRA hooks adding fixed
     per-pair deltas and recording what they are handed. ``lora``: None (no LoRA context), or
     whether the step has LoRA."""
 
@@ -139,6 +140,21 @@ def fused_experts_model(output, hidden_states, w1, w2, routing, gather, scatter,
                      gammas=routing.gate_scal, y=output)
 
 
+def loraplex_gate_up(monkeypatch, delta13):
+    """loraplex's ops take the layer; their gate_up (``vllm_cuda.unfused_gate_up``) adds the
+    pair deltas at the rows the row map names, and records the map and what it was given."""
+    seen = {}
+
+    def unfused_gate_up(ctx, y13, act, x, topk_ids, row_map, swiglu):
+        seen.update(row_map=row_map.clone(), shape=tuple(y13.shape), swiglu=swiglu)
+        y13[row_map.long()] += delta13.to(y13.dtype)
+        return ("sorted step", None, None, None), False
+
+    monkeypatch.setattr(vllm_cuda, "takes_layer", lambda ctx, x: True)
+    monkeypatch.setattr(vllm_cuda, "unfused_gate_up", unfused_gate_up)
+    return seen
+
+
 def oai_model(calls: list):
     return SimpleNamespace(
         matmul_ogs=matmul_ogs_model, FUSED_MOE_UNQUANTIZED_CONFIG=None,
@@ -147,12 +163,14 @@ def oai_model(calls: list):
         _resize_cache=lambda buf, shape: buf.flatten()[:torch.Size(shape).numel()].view(shape))
 
 
-@pytest.mark.parametrize("m,k,experts,lora", [(5, 4, 6, True), (1, 2, 3, True), (7, 3, 5, None),
-                                              (4, 2, 5, False)])
-def test_pair_order_apply_matches_per_pair_computation(monkeypatch, m, k, experts, lora):
-    """With expert LoRA in the step: the pair-order path, hooks called; without (no LoRA
-    context, or a step without adapters): vLLM's fused path, no hook called. Both equal the
-    per-pair computation."""
+@pytest.mark.parametrize("m,k,experts,lora,ours", [
+    (5, 4, 6, True, False), (1, 2, 3, True, False), (5, 4, 6, True, True), (6, 3, 7, True, True),
+    (7, 3, 5, None, False), (4, 2, 5, False, False)])
+def test_unfused_apply_matches_per_pair_computation(monkeypatch, m, k, experts, lora, ours):
+    """With expert LoRA in the step: the sorted-row path when loraplex's ops take the layer
+    (gate_up through the row map, vLLM's down hook on the sorted activation), else the
+    pair-order path with vLLM's hooks; without (no LoRA context, or a step without adapters):
+    vLLM's fused path, no hook called. All equal the per-pair computation."""
     torch.manual_seed(m * 10 + k)
     hidden, n = 12, 10
     x = torch.randn(m, hidden)
@@ -165,13 +183,22 @@ def test_pair_order_apply_matches_per_pair_computation(monkeypatch, m, k, expert
     ex = Experts(b1, b2, d13, d2, lora=lora)
     calls = []
     monkeypatch.setattr(vllm_cuda_mxfp4, "_oai", lambda: oai_model(calls))
+    ours_seen = loraplex_gate_up(monkeypatch, d13) if ours else {}
     out = torch.full((m, hidden), float("nan"))
     ws13, ws2 = torch.empty(m * k * n), torch.empty(m * k * max(n, hidden))
-    vllm_cuda_mxfp4._apply_pair_order(ex, out, x, w1, w2, topk_w, topk_ids, "act", -1, None,
-                                      None, None, ws13, ws2, None, False)
+    vllm_cuda_mxfp4._apply_unfused(ex, out, x, w1, w2, topk_w, topk_ids, "act", -1, None,
+                                   None, None, ws13, ws2, None, False)
     want, acts = dense_reference(x, w1, b1, w2, b2, topk_ids, topk_w, d13, d2)
     torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
-    if lora:  # the hooks got vLLM's shapes, the hidden states, and the activation in pair order
+    _, gather, _ = routing_of(topk_ids, topk_w, experts)
+    if ours:  # gate_up got the sorted rows and their map; down the sorted activation
+        assert ours_seen["shape"] == (m * k, n) and ours_seen["swiglu"]
+        assert torch.equal(ours_seen["row_map"], gather.dst_indx)
+        assert "w13" not in ex.seen and ex.seen["w2"][2] == "sorted step"
+        torch.testing.assert_close(ex.seen["w2"][1], acts[gather.src_indx.long()], rtol=1e-4,
+                                   atol=1e-4)
+        assert calls == []
+    elif lora:  # the hooks got vLLM's shapes, the hidden states, the activation in pair order
         assert ex.seen["w13"] == ((m * k, n), x.data_ptr(), None, m, k)
         assert ex.seen["w2"][0] == (m, k, hidden) and ex.seen["w2"][2] == "step"
         torch.testing.assert_close(ex.seen["w2"][1], acts, rtol=1e-4, atol=1e-4)
@@ -193,9 +220,9 @@ def test_other_activations_keep_the_unfused_path_in_steps_without_lora(monkeypat
     calls = []
     monkeypatch.setattr(vllm_cuda_mxfp4, "_oai", lambda: oai_model(calls))
     out = torch.full((m, hidden), float("nan"))
-    vllm_cuda_mxfp4._apply_pair_order(ex, out, x, w1, w2, topk_w, topk_ids, "act", -1, None,
-                                      None, None, torch.empty(m * k * n),
-                                      torch.empty(m * k * max(n, hidden)), None, False)
+    vllm_cuda_mxfp4._apply_unfused(ex, out, x, w1, w2, topk_w, topk_ids, "act", -1, None,
+                                   None, None, torch.empty(m * k * n),
+                                   torch.empty(m * k * max(n, hidden)), None, False)
     zeros13, zeros2 = torch.zeros(m * k, n), torch.zeros(m * k, hidden)
     want, _ = dense_reference(x, w1, b1, w2, b2, topk_ids, topk_w, zeros13, zeros2)
     torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
@@ -207,17 +234,19 @@ def test_expert_parallel_calls_keep_vllms_apply(monkeypatch):
     monkeypatch.setattr(vllm_cuda_mxfp4, "_original_apply", lambda *a: calls.append(a))
     args = [object()] * 15
     args[9] = torch.zeros(3)  # expert_map
-    vllm_cuda_mxfp4._apply_pair_order(*args, False)
+    vllm_cuda_mxfp4._apply_unfused(*args, False)
     assert len(calls) == 1 and calls[0][9] is args[9]
 
 
 @needs_vllm024_gpu
-@pytest.mark.parametrize("m,step_has_lora", [(1, True), (16, True), (200, True), (16, False),
-                                             (200, False)])
-def test_real_matmul_ogs_matches_vllms_unfused_apply(m, step_has_lora):
-    """bf16 experts through triton_kernels' ``matmul_ogs``: the pair-order apply equals vLLM
-    0.24's ``UnfusedOAITritonExperts.apply`` on the same routing, LoRA hooks included; in a
-    step without LoRA, loraplex's fused path equals vLLM's unfused apply without LoRA."""
+@pytest.mark.parametrize("m,step_has_lora,ours", [
+    (1, True, False), (16, True, False), (200, True, False), (1, True, True), (16, True, True),
+    (200, True, True), (16, False, False), (200, False, False)])
+def test_real_matmul_ogs_matches_vllms_unfused_apply(monkeypatch, m, step_has_lora, ours):
+    """bf16 experts through triton_kernels' ``matmul_ogs``: the sorted-row apply (``ours``:
+    gate_up deltas through the row map) and the pair-order apply equal vLLM 0.24's
+    ``UnfusedOAITritonExperts.apply`` on the same routing, LoRA deltas included; in a step
+    without LoRA, loraplex's fused path equals vLLM's unfused apply without LoRA."""
     oai = vllm_cuda_mxfp4._oai()
     cls = vllm_cuda_mxfp4._unfused_class()
     if cls is None:
@@ -238,10 +267,12 @@ def test_real_matmul_ogs_matches_vllms_unfused_apply(m, step_has_lora):
     d2 = torch.randn(m * k, hidden, device=dev, dtype=dt)
     swiglu_oai = oai.MoEActivation.SWIGLUOAI  # GPT-OSS's: the one the fused path fuses
     outs = []
-    for apply in (original, vllm_cuda_mxfp4._apply_pair_order):
-        ours = apply is vllm_cuda_mxfp4._apply_pair_order
+    if ours:
+        loraplex_gate_up(monkeypatch, d13)
+    for apply in (original, vllm_cuda_mxfp4._apply_unfused):
+        mine = apply is vllm_cuda_mxfp4._apply_unfused
         # vLLM's apply without LoRA has no context at all; ours gets a step without adapters
-        ex = Experts(b1, b2, d13, d2, lora=step_has_lora if ours or step_has_lora else None)
+        ex = Experts(b1, b2, d13, d2, lora=step_has_lora if mine or step_has_lora else None)
         ex._make_routing_data = lambda ids, w, e: oai.make_routing_data(ids, w, e)
         ex.activation = lambda act, out, inp: torch.ops._C.swigluoai_and_mul(out, inp, 1.702,
                                                                               7.0)
@@ -251,8 +282,9 @@ def test_real_matmul_ogs_matches_vllms_unfused_apply(m, step_has_lora):
         apply(ex, out, x, w1, w2, topk_w, topk_ids, swiglu_oai, -1, None, None, None, ws13,
               ws2, None, False)
         outs.append(out.float())
-        if ours:  # the hooks ran exactly when the step had LoRA
-            assert ("w13" in ex.seen) == step_has_lora
+        if mine:  # the down hook ran exactly when the step had LoRA, vLLM's gate_up when not ours
+            assert ("w2" in ex.seen) == step_has_lora
+            assert ("w13" in ex.seen) == (step_has_lora and not ours)
     torch.testing.assert_close(outs[1], outs[0], rtol=2e-2, atol=2e-2)
 
 
