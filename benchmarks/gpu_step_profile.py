@@ -73,6 +73,51 @@ def kernel_ms(events) -> dict[str, tuple[float, int]]:
     return {k: (v[0], v[1]) for k, v in out.items()}
 
 
+SYNCING_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
+                 "cudaMemcpy", "cudaMemset", "cudaHostAlloc", "cudaMallocHost", "cudaMalloc",
+                 "cudaFree", "cudaFreeHost", "cudaHostRegister")
+
+
+def runtime_calls(events) -> dict[str, tuple[float, int]]:
+    """Host milliseconds and calls per CUDA runtime / driver API function (``cuda*``, ``cu*``:
+    launches, copies, synchronisations, allocations) over ``torch.profiler`` events recorded
+    with CPU activity: where the host waits for the GPU or the driver."""
+    out: dict[str, list] = defaultdict(lambda: [0.0, 0])
+    for ev in events:
+        name = ev.name
+        if str(getattr(ev, "device_type", "")).endswith("CPU") and name.startswith("cu"):
+            out[name][0] += (ev.cpu_time_total or 0.0) / 1e3
+            out[name][1] += 1
+    return {k: (v[0], v[1]) for k, v in out.items()}
+
+
+def runtime_pass(llm, batches, max_tokens: int, loras: bool, paths) -> dict:
+    """``run_batches`` under the profiler with CPU activity: ``runtime_calls`` of the pass."""
+    import torch
+
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=acts) as prof:
+        run_batches(llm, batches, max_tokens, loras, paths)
+    return runtime_calls(prof.events())
+
+
+def print_runtime_table(title: str, steps: int, columns: dict[str, dict]) -> None:
+    """Per-step host ms and calls of each CUDA API function in each column; functions that
+    wait for the GPU or allocate (``SYNCING_CALLS``) marked."""
+    labels = list(columns)
+    names = sorted(set().union(*columns.values()),
+                   key=lambda n: -max(c.get(n, (0.0, 0))[0] for c in columns.values()))
+    print(f"\n{title}: CUDA API calls on the host, ms / calls per step ({steps} steps; * may "
+          "wait for the GPU or allocate)")
+    print("| call | " + " | ".join(labels) + " |")
+    print("|---|" + "---|" * len(labels))
+    for n in names:
+        mark = " *" if n.startswith(SYNCING_CALLS) else ""
+        cells = [f"{c.get(n, (0.0, 0))[0] / steps:.3f} / {c.get(n, (0.0, 0))[1] / steps:.1f}"
+                 for c in columns.values()]
+        print(f"| `{n}`{mark} | " + " | ".join(cells) + " |")
+
+
 def family_ms(events) -> dict[str, float]:
     """Milliseconds of kernel time per family (``kernel_family``) over ``torch.profiler``
     events."""
@@ -175,7 +220,8 @@ def base_engine_passes() -> dict[str, tuple[dict, float]]:
         subprocess.run(cmd, check=True)
         with open(out) as f:
             raw = json.load(f)
-    return {name: (kern, wall) for name, (kern, wall) in raw.items()}
+    return {name: (val if name.endswith(" runtime") else tuple(val))
+            for name, val in raw.items()}
 
 
 def child_base(args, model, out: str) -> None:
@@ -186,6 +232,8 @@ def child_base(args, model, out: str) -> None:
     for name, batches, max_tokens, _ in phases(args):
         profile_pass(llm, batches, max_tokens, False, [])  # warm
         result[name] = profile_pass(llm, batches, max_tokens, False, [])
+        if args.runtime_calls:
+            result[f"{name} runtime"] = runtime_pass(llm, batches, max_tokens, False, [])
     with open(out, "w") as f:
         json.dump(result, f)
     if args.cprofile:  # the base engine's host time, printed here (same output stream)
@@ -210,6 +258,9 @@ def main() -> None:
                          "(with --base-engine also the LoRA-off engine's)")
     ap.add_argument("--cprofile-dir", default=None,
                     help="with --cprofile: also write the raw stats (pstats files) here")
+    ap.add_argument("--runtime-calls", action="store_true",
+                    help="also a pass per column with the profiler's CPU activity: the host's "
+                         "CUDA API calls per step (launches, copies, waits for the GPU)")
     ap.add_argument("--child-base", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
 
@@ -235,6 +286,13 @@ def main() -> None:
                  "per step" if name == "prefill" else
                  f"{label}: decode, {args.prompts} requests (+ one small prefill step)")
         report[name] = print_tables(title, steps, columns, args.top)
+        if args.runtime_calls:
+            calls = {"with adapters": runtime_pass(llm, batches, max_tokens, True, paths),
+                     "LoRA on, no adapter": runtime_pass(llm, batches, max_tokens, False, paths)}
+            if f"{name} runtime" in base:
+                calls["LoRA off"] = base[f"{name} runtime"]
+            print_runtime_table(f"{label}: {name}", steps, calls)
+            report[f"{name} runtime"] = calls
     if args.cprofile:
         report["host"] = host_profile(llm, phases(args)[0][1], paths, args.cprofile,
                                       args.cprofile_dir)
@@ -261,12 +319,14 @@ def host_profile(llm, batches, paths, top: int, dump_dir: str | None = None,
         if dump_dir:
             os.makedirs(dump_dir, exist_ok=True)
             prof.dump_stats(os.path.join(dump_dir, f"prefill_{label.replace(' ', '_')}.pstats"))
-        for order in ("tottime", "cumulative"):
+        for order, only in (("tottime", None), ("cumulative", None), ("cumulative", "kernels")):
             buf = io.StringIO()
-            pstats.Stats(prof, stream=buf).sort_stats(order).print_stats(top)
-            print(f"\nhost profile, prefill {label} ({len(batches)} steps), by {order}:")
+            stats = pstats.Stats(prof, stream=buf).sort_stats(order)
+            stats.print_stats(*((only,) if only else ()), top)  # only: loraplex's functions
+            what = f"{order}, loraplex's functions" if only else order
+            print(f"\nhost profile, prefill {label} ({len(batches)} steps), by {what}:")
             print("\n".join(buf.getvalue().splitlines()[-top - 3:]))
-            out[f"{label}, {order}"] = buf.getvalue()
+            out[f"{label}, {what}"] = buf.getvalue()
     return out
 
 

@@ -99,6 +99,27 @@ def test_kernel_families_and_device_time_only():
     assert got == {"MoE-LoRA (loraplex)": 2.0, "dense GEMMs": 0.25}
 
 
+def test_runtime_calls_count_host_side_cuda_api_calls_only(capsys):
+    from types import SimpleNamespace
+
+    from benchmarks.gpu_step_profile import print_runtime_table, runtime_calls
+
+    def ev(name, kind, us):
+        return SimpleNamespace(name=name, device_type=f"DeviceType.{kind}", cpu_time_total=us)
+
+    got = runtime_calls([ev("cudaLaunchKernel", "CPU", 10.0), ev("cuLaunchKernelEx", "CPU", 6.0),
+                         ev("cudaStreamSynchronize", "CPU", 3000.0),
+                         ev("cudaStreamSynchronize", "CPU", 1000.0),
+                         ev("aten::mm", "CPU", 500.0),  # an operator, not an API call
+                         ev("_moe_lora_expand_kernel", "CUDA", 80.0)])
+    assert got == {"cudaLaunchKernel": (0.01, 1), "cuLaunchKernelEx": (0.006, 1),
+                   "cudaStreamSynchronize": (4.0, 2)}
+    print_runtime_table("t", 2, {"with adapters": got, "LoRA off": {}})
+    out = capsys.readouterr().out
+    assert "| `cudaStreamSynchronize` * | 2.000 / 1.0 | 0.000 / 0.0 |" in out
+    assert "| `cudaLaunchKernel` | 0.005 / 0.5 | 0.000 / 0.0 |" in out
+
+
 def test_step_tables_measure_added_time_against_the_last_column(capsys):
     from benchmarks.gpu_step_profile import print_tables
 
