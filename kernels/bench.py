@@ -9,9 +9,12 @@ vLLM is called the way its ``TritonExperts.apply`` does (``PunicaWrapperGPU.add_
 kernel). Ours: ``align`` + shrink + expand for gate_up, shrink + expand for down.
 
 Times are CUDA-graph replays of the op over ``--layers`` distinct layers (distinct weights and
-routing, several GB, so weights come from HBM), median replay / layers. Bytes an op must read:
-the LoRA weights of the distinct (adapter, expert) pairs (``%cp`` = those bytes / time against a
-measured device-to-device copy, read + write counted, as for the copy itself).
+routing, several GB, so weights come from HBM), median replay / layers. Bytes an op must read,
+against a measured device-to-device copy (read + write counted, as for the copy itself):
+``%cp`` counts the LoRA weights of the distinct (adapter, expert) pairs only; ``%cpA`` adds the
+activations the op must read as well — the input rows (``x [M, H]`` for gate_up, ``h [M*K, I]``
+for down), the rank-r intermediate (bf16, once) and, for the expand's fused add, the output rows
+it adds to (``[M*K, 2I]`` / ``[M*K, H]``); what the ops write is not counted.
 
 Run on the GPU machine (vLLM 0.24 importable, project on PYTHONPATH):
 ``python -m kernels.bench [--ms 1,4,16,64,256,1024] [--layers 32] [--json out.json]``
@@ -134,6 +137,10 @@ def run_m(m: int, lay: Layers, gen: torch.Generator, pw, copy_tbs: float) -> dic
     by["w13"] = by["s13"] + by["e13"]
     by["w2"] = by["s2"] + by["e2"]
     res["bytes"] = by
+    rows = m * TOPK  # every token has an adapter with expert LoRA here
+    inter = rows * R * 2
+    act = {"w13": m * H * 2 + inter + rows * 2 * I * 2, "w2": rows * I * 2 + inter + rows * H * 2}
+    res["bytes_with_activations"] = {k: by[k] + act[k] for k in act}
 
     # ---- timings ----
     metas = [v13(l) for l in range(n)]
@@ -178,27 +185,33 @@ def run_m(m: int, lay: Layers, gen: torch.Generator, pw, copy_tbs: float) -> dic
     res["pct_copy"]["ours_w2"] = 100 * by["w2"] / (t["ours_w2"] * 1e-6) / bw
     res["pct_copy"]["vllm_w13"] = 100 * by["w13"] / (t["vllm_w13"] * 1e-6) / bw
     res["pct_copy"]["vllm_w2"] = 100 * by["w2"] / (t["vllm_w2"] * 1e-6) / bw
+    with_act = res["bytes_with_activations"]
+    res["pct_copy_with_activations"] = {
+        f"{who}_{k}": 100 * with_act[k] / (t[f"{who}_{k}"] * 1e-6) / bw
+        for who in ("ours", "vllm") for k in ("w13", "w2")}
     return res
 
 
 def print_table(rows: list[dict], copy_tbs: float) -> None:
     log(f"\ncopy ceiling {copy_tbs:.2f} TB/s (read+write); CUDA-graph µs per layer, median; "
-        "%cp = LoRA weight bytes of the distinct pairs / time / copy ceiling")
+        "%cp = LoRA weight bytes of the distinct pairs / time / copy ceiling; %cpA = the same "
+        "with the activations each op must read (inputs, intermediate, the rows its add reads)")
     log(f"{'M':>5}{'pairs':>7} | {'vLLM13':>7}{'vLLM2':>7}{'vLLM':>7} | {'ours13':>7}{'ours2':>7}"
         f"{'ours':>7}{'x':>6} | {'align':>6}{'s13':>6}{'e13':>6}{'s2':>6}{'e2':>6} | "
         f"{'%cp13':>6}{'%cp2':>6}{'%s13':>5}{'%e13':>5}{'%s2':>5}{'%e2':>5}{'%v13':>5}{'%v2':>5}"
-        f" | {'err13':>8}{'err2':>8}{'vErr13':>8}")
+        f"{'%cpA13':>7}{'%cpA2':>6}{'%vA13':>6}{'%vA2':>5} | {'err13':>8}{'err2':>8}{'vErr13':>8}")
     for r in rows:
         if "us" not in r:
             log(f"{r['M']:>5}  failed: {r.get('error', '?')[-200:]}")
             continue
-        t, p = r["us"], r["pct_copy"]
+        t, p, pa = r["us"], r["pct_copy"], r["pct_copy_with_activations"]
         log(f"{r['M']:>5}{r['pairs']:>7.1f} | {t['vllm_w13']:>7.1f}{t['vllm_w2']:>7.1f}"
             f"{r['vllm_total']:>7.1f} | {t['ours_w13']:>7.1f}{t['ours_w2']:>7.1f}"
             f"{r['ours_total']:>7.1f}{r['speedup']:>6.2f} | {t['align']:>6.1f}{t['s13']:>6.1f}"
             f"{t['e13']:>6.1f}{t['s2']:>6.1f}{t['e2']:>6.1f} | {p['ours_w13']:>6.1f}"
             f"{p['ours_w2']:>6.1f}{p['s13']:>5.0f}{p['e13']:>5.0f}{p['s2']:>5.0f}{p['e2']:>5.0f}"
-            f"{p['vllm_w13']:>5.1f}{p['vllm_w2']:>5.1f} | {r['err13_ours']:>8.1e}"
+            f"{p['vllm_w13']:>5.1f}{p['vllm_w2']:>5.1f}{pa['ours_w13']:>7.1f}{pa['ours_w2']:>6.1f}"
+            f"{pa['vllm_w13']:>6.1f}{pa['vllm_w2']:>5.1f} | {r['err13_ours']:>8.1e}"
             f"{r['err2_ours']:>8.1e}{r['err13_vllm']:>8.1e}")
 
 
