@@ -14,6 +14,11 @@ vLLM loads it in every process it starts (engine core, workers). One switch,
 
 Each ``install`` checks the installed vLLM version and refuses (raises) on one it was not written
 for, so a mismatch fails loudly at engine start instead of serving wrong outputs.
+
+Diagnostics: ``LORAPLEX_SYNC_DEBUG=1`` turns on PyTorch's CUDA sync debug mode in every vLLM
+process (``torch.cuda.set_sync_debug_mode("warn")``): each place that makes the host wait for the
+GPU (``.item()``, blocking copies, ``nonzero``...) is reported once, with its file and line, in
+the process's log — the steps of an engine with and without LoRA can then be compared.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import logging
 import os
 
 SWITCH_ENV = "LORAPLEX_MOE_LORA"
+SYNC_DEBUG_ENV = "LORAPLEX_SYNC_DEBUG"
 logger = logging.getLogger(__name__)
 _installed = False
 
@@ -31,6 +37,21 @@ def enabled() -> bool:
     return os.environ.get(SWITCH_ENV, "1").strip().lower() not in {"0", "false", "off", "no"}
 
 
+def sync_debug_from_env() -> bool:
+    """``LORAPLEX_SYNC_DEBUG`` set to a true value: PyTorch's CUDA sync debug mode on ("warn");
+    returns whether it was turned on (never without CUDA)."""
+    if os.environ.get(SYNC_DEBUG_ENV, "").strip().lower() not in {"1", "true", "on", "yes"}:
+        return False
+    import torch
+
+    if not torch.cuda.is_available():
+        return False
+    torch.cuda.set_sync_debug_mode("warn")
+    logger.warning("%s: PyTorch's CUDA sync debug mode is on (every place that waits for the "
+                   "GPU is reported once)", SYNC_DEBUG_ENV)
+    return True
+
+
 def register() -> None:
     """vLLM plugin hook: idempotent; installs the path for the current platform and switch."""
     global _installed
@@ -38,6 +59,7 @@ def register() -> None:
         return
     from vllm.platforms import current_platform
 
+    sync_debug_from_env()
     if current_platform.is_cpu():
         from kernels import vllm_cpu
 
