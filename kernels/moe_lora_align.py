@@ -12,7 +12,7 @@ Notation: M tokens, K experts per token (top-k), n = M*K rows (row ``t*K + k`` i
 expert, the row order of vLLM's ``intermediate_cache`` tensors), L adapter slots, E experts,
 P = L*E (adapter, expert) pairs, BM rows per block.
 
-Output (``MoELoRABlocks``), for the kernels in ``kernels/triton_moe_lora.py``:
+Output (``MoELoRABlocks``), for the kernels in ``kernels/triton_moe_lora_kernels.py``:
 
 - ``sorted_rows [max_blocks*BM]`` int32: block b owns ``sorted_rows[b*BM : b*BM + nrows[b]]``,
   the rows of one (adapter, expert) pair; entries past ``nrows[b]`` are not written.
@@ -81,7 +81,7 @@ def _round_up(n: int, k: int) -> int:
 
 def align_chunk(num_rows: int) -> int:
     """Rows the align program takes per step: three sizes only, so batch sizes compile at most
-    three variants of it (``warm_up`` in ``kernels.triton_moe_lora`` compiles them ahead)."""
+    three variants of it (``warm_up`` in ``kernels.triton_moe_lora_ops`` compiles them ahead)."""
     for c in ALIGN_CHUNKS[:-1]:
         if num_rows <= c:
             return c

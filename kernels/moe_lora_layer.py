@@ -49,7 +49,7 @@ class MoELoRALayer:
         step, for ``down``. ``act [M*K, I]``: those rows' GPT-OSS swiglu goes there instead
         (``step.act_done``; not for two gate/up slices or the fused tiny-batch launch, which
         add into ``y13`` as without it). ``row_map [M*K]`` int32: the rows of ``y13``, ``act``
-        and down's input are at ``row_map[t*K+k]`` (``kernels.triton_moe_lora``); the step
+        and down's input are at ``row_map[t*K+k]`` (``kernels.triton_moe_lora_kernels``); the step
         keeps it for ``down``."""
         m, k = topk_ids.shape
         key = (m, k, enabled.shape[0], x.stride(0), y13.stride(0), x.dtype, y13.dtype,

@@ -4,10 +4,10 @@ Under LoRA the MXFP4 experts write the w13 GEMM's output ``y13 [M*K, 2I]`` (gate
 interleaved), the gate_up expand adds the LoRA delta to it in place, and a separate kernel turns
 it into the activation ``act [M*K, I]``: the whole ``[M*K, 2I]`` tensor is written and read once
 more than needed (0.75 GB per layer at 8192 tokens). With ``act`` given, the expand
-(``kernels.triton_moe_lora``, ``SWIGLU``) computes the activation of the rows it owns (those
+(``kernels.triton_moe_lora_kernels``, ``SWIGLU``) computes the activation of the rows it owns (those
 with expert LoRA) from its fp32 sum and writes ``act`` instead of ``y13``;
 ``swiglu_rows_without_lora`` does the other rows, reading ``y13`` as the GEMM left it. With a
-row map (``kernels.triton_moe_lora``), row ``t*K+k`` of ``y13`` and ``act`` is
+row map (``kernels.triton_moe_lora_kernels``), row ``t*K+k`` of ``y13`` and ``act`` is
 ``row_map[t*K+k]`` (the MXFP4 experts' expert-sorted rows).
 
 Activation (vLLM's ``swigluoai_and_mul``): ``gate = min(y[2j], limit)``, ``up = clamp(y[2j+1],

@@ -8,8 +8,8 @@ of ``inter · B^T`` to ``y[row]``: A is read by the ``parts`` programs of a row 
 first), B and y once. Semantics equal ``moe_lora_shrink`` + ``moe_lora_expand`` in the naive
 layout (``MoELoRABlocks.naive``): row ``t*K+k`` reads ``x[(t*K+k) // x_row_div]``, slice ``s``
 writes columns ``[s*N, (s+1)*N)``, optional per-slot scale and routing weight, add or overwrite;
-with a row map (``kernels.triton_moe_lora``), ``x`` (down) or ``y`` (gate_up) rows in the base
-backend's order.
+with a row map (``kernels.triton_moe_lora_kernels``), ``x`` (down) or ``y`` (gate_up) rows in
+the base backend's order.
 """
 
 from __future__ import annotations

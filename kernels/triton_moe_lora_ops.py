@@ -71,7 +71,8 @@ class MoELoRAOps:
         with ``act [M*K, I]`` and one slice, those rows' GPT-OSS swiglu is written there instead
         (``kernels.triton_moe_lora_act``). Returns whether it was (not by the fused tiny-batch
         launch, nor for two slices: they add into ``y13``). ``row_map [M*K]`` int32: row
-        ``t*K+k`` of ``y13`` / ``act`` is ``row_map[t*K+k]`` (``kernels.triton_moe_lora``)."""
+        ``t*K+k`` of ``y13`` / ``act`` is ``row_map[t*K+k]``
+        (``kernels.triton_moe_lora_kernels``)."""
         b13 = as_slices(b13)
         if act is not None and (self.fused or len(b13) != 1):
             act = None

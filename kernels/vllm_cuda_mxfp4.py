@@ -24,10 +24,11 @@ the activation back to sorted order for the w2 GEMM (``[M*K, N/2]``). Here:
   without LoRA does, so enabling LoRA costs such steps nothing.
 - When loraplex's ops take the layer (*sorted rows*): the w13 GEMM writes the expert-sorted rows
   as the LoRA-off GEMM does, loraplex's gate_up and down LoRA read and write them through the
-  routing's row map (``gather.dst_indx``: pair ``t*K+k`` → sorted row; ``kernels.triton_moe_lora``),
-  GPT-OSS's activation is folded into the gate_up expand (``vllm_cuda.unfused_gate_up``), the w2
-  GEMM reads the sorted rows and scatters its output to pair order (``n_expts_act = 1``: no fused
-  top-k sum), then the LoRA down delta and ``moe_sum``. Scattering the w13 output to pair order
+  routing's row map (``gather.dst_indx``: pair ``t*K+k`` → sorted row;
+  ``kernels.triton_moe_lora_kernels``), GPT-OSS's activation is folded into the gate_up expand
+  (``vllm_cuda.unfused_gate_up``), the w2 GEMM reads the sorted rows and scatters its output to
+  pair order (``n_expts_act = 1``: no fused top-k sum), then the LoRA down delta and
+  ``moe_sum``. Scattering the w13 output to pair order
   instead costs its GEMM 19–24 µs per layer at decode sizes on an H200
   (``benchmarks/mxfp4_experts_steps.py``); the sorted w13 GEMM costs what the fused one does.
 - Otherwise (vLLM's own LoRA hooks, which need token-pair rows: *pair order*): the w13 GEMM
