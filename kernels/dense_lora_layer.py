@@ -10,7 +10,7 @@ import torch
 
 from kernels.dense_lora_configs import layer_dense_config, warm_up_configs
 from kernels.dense_lora_groups import TokenGroups
-from kernels.triton_dense_lora import (DenseLoRAConfig, as_3d, expand_with_plan,
+from kernels.triton_dense_lora import (DenseLoRAConfig, as_3d, expand_with_plan, plan_tokens,
                                        shrink_with_plan)
 from kernels.triton_launch import PlanTable, aligned16, raw_stream
 
@@ -19,9 +19,10 @@ class DenseLoRALayer:
     """One dense LoRA layer's stacks (per slice ``A [L, 1, r, in]``, ``B [L, 1, N_i, r]`` or
     3-D), applied as shrink + expand: ``layer(y, x, groups, cfg, ...)``.
 
-    The layer keeps the prepared launch pair of each token count it has run (at most
-    ``MAX_CALLS``): a repeat call checks one key and the 16-byte alignment of the step's
-    tensors, then launches both (what a prefill step, which has no CUDA graph, pays per layer).
+    The layer keeps the prepared launch pair of each token-count bucket it has run
+    (``plan_tokens``; at most ``MAX_CALLS``): a later call of the bucket checks one key and the
+    16-byte alignment of the step's tensors, then launches both (what a prefill step, which has
+    no CUDA graph, pays per layer).
     Nothing of a call is kept (``PreparedLaunch``); the weights are the layer's own.
     """
 
@@ -57,16 +58,18 @@ class DenseLoRALayer:
         ``dense_lora_shrink`` + ``dense_lora_expand``."""
         g = groups
         live = g.slot if slot_live is None else slot_live
-        key = (g.num_tokens, cfg, scale, add_inputs, use_pdl, slot_live is not None, x.stride(0),
-               y.stride(0), x.dtype, y.dtype, g.slot.shape[0])
+        key = (plan_tokens(g.num_tokens), cfg, scale, add_inputs, use_pdl, slot_live is not None,
+               x.stride(0), y.stride(0), x.dtype, y.dtype, g.slot.shape[0])
         call = self._calls.get(key)
         tensors_aligned = aligned16(x, y, g.sorted_idx, g.slot, g.ntok, g.start, live)
         if call is not None and tensors_aligned:
             shrink, expand = call
             part = torch.empty(shrink.extra, dtype=torch.float32, device=x.device)
             stream = raw_stream(x.device)
-            shrink.launch(stream, x, *self.a3, part, g.sorted_idx, g.slot, g.ntok, g.start, live)
-            expand.launch(stream, y, *self.b3, part, g.sorted_idx, g.slot, g.ntok, g.start, live)
+            shrink.launch(stream, x, *self.a3, part, g.sorted_idx, g.slot, g.ntok, g.start, live,
+                          g.num_groups, g.num_tokens)
+            expand.launch(stream, y, *self.b3, part, g.sorted_idx, g.slot, g.ntok, g.start, live,
+                          g.num_groups, g.num_tokens)
             return
         part, shrink = shrink_with_plan(x, self.a, g, cfg, scale, use_pdl, slot_live)
         expand = expand_with_plan(y, part, self.b, g, cfg, add_inputs, use_pdl, slot_live)

@@ -70,6 +70,27 @@ def max_num_blocks(num_rows: int, num_pairs: int, block_m: int) -> int:
     return min(num_rows, cdiv(num_rows, block_m) + min(num_rows, num_pairs) - 1)
 
 
+BLOCK_GRAIN = 64  # layouts round their block count up to this (``layout_blocks``)
+
+
+def layout_blocks(num_rows: int, num_pairs: int, block_m: int) -> int:
+    """The block count a layout is sized for: ``max_num_blocks`` rounded up to ``BLOCK_GRAIN``
+    (programs past the batch's real block count exit at once). Batch sizes within one grain
+    share the layout — buffers, grids, the ops' prepared launches — so the steps of a server,
+    whose token counts differ from step to step, reuse what an earlier nearby size prepared."""
+    blocks = max_num_blocks(num_rows, num_pairs, block_m)
+    return _round_up(blocks, BLOCK_GRAIN) if blocks else 0
+
+
+def layout_key(num_rows: int, num_pairs: int, block_m: int, parallel: bool) -> tuple:
+    """What a sorted layout and its align launches depend on besides the batch's tensors (and
+    its row count, which the align programs take as an argument): the block count, the block
+    size, and the sort's shape (the parallel sort's program count, or the single program's
+    chunk size)."""
+    sort = cdiv(num_rows, PARALLEL_CHUNK) if parallel else align_chunk(num_rows)
+    return layout_blocks(num_rows, num_pairs, block_m), block_m, parallel, sort
+
+
 ALIGN_CHUNKS = (256, 1024, 4096)
 PARALLEL_CHUNK = 1024  # rows per program of the parallel align
 _ALIGN_INTS = 4  # int32 elements per 16 bytes
@@ -218,9 +239,10 @@ def block_layout(num_rows: int, num_pairs: int, block_m: int, parallel: bool
     """``(max_blocks, starts, sizes)`` of the int32 buffer that holds the layout: cursor,
     num_blocks, block_pair, block_nrows, sorted_rows, histograms (parallel only), each part
     starting on a 16-byte boundary. Triton specialises pointer arguments on that alignment, so
-    offsets that varied with max_blocks (i.e. with M) would compile new kernel variants."""
+    offsets that varied with max_blocks (i.e. with M) would compile new kernel variants.
+    ``max_blocks`` is ``layout_blocks``' (the same for every M of one ``layout_key``)."""
     pairs_p2 = next_pow2(num_pairs + 1)
-    max_blocks = max_num_blocks(num_rows, num_pairs, block_m)
+    max_blocks = layout_blocks(num_rows, num_pairs, block_m)
     num_chunks = cdiv(num_rows, PARALLEL_CHUNK) if parallel else 1
     sizes = (num_chunks * pairs_p2, 1, max_blocks, max_blocks, max_blocks * block_m,
              num_chunks * pairs_p2 if parallel else 0)
@@ -294,8 +316,8 @@ def align_moe_lora(
     if num_rows == 0:
         tables[1].zero_()
     else:
-        key = (num_rows, top_k, num_experts, num_pairs, block_m, parallel,
-               aligned16(ids, token_lora, enabled))
+        key = (layout_key(num_rows, num_pairs, block_m, parallel), top_k, num_experts,
+               num_pairs, aligned16(ids, token_lora, enabled))
         plans = _ALIGN_PLANS.get(key)
         inputs = (ids, token_lora, enabled, num_rows, top_k, num_experts)
         if plans is not None:

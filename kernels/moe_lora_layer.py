@@ -1,13 +1,15 @@
 """One MoE layer's LoRA applied step after step (what the vLLM integration calls per layer):
 ``layer.gate_up(...)`` then ``step.down(...)`` on one block layout.
 
-The first step of a token count goes through ``MoELoRAOps`` (config lookup, sort, the four
-ops). For a sorted layout (prefill sizes: steps that run without CUDA graphs, whose CPU cost
-is on the critical path) the layer then keeps what that step launched: the block tables'
-buffer plan, the align launch(es) and each projection's shrink/expand pair. A repeat step of
-that count checks one key and the 16-byte alignment of its tensors, allocates the tables and
-partials and launches: no config lookup, no per-op key. Naive and fused layouts (decode,
-inside CUDA graphs) always take ``MoELoRAOps``. Nothing of a step is kept.
+The first step of a layout goes through ``MoELoRAOps`` (sort, the four ops). For a sorted
+layout (prefill sizes: steps that run without CUDA graphs, whose CPU cost is on the critical
+path) the layer then keeps what that step launched: the block tables' buffer plan, the align
+launch(es) and each projection's shrink/expand pair. A later step whose token count has the same
+config and ``layout_key`` (token counts within one block grain: a server's steps, whose counts
+differ by a few decode tokens, share one) checks one key and the 16-byte alignment of its
+tensors, allocates the tables and partials and launches: no per-op key, no launch preparation.
+Naive and fused layouts (decode, inside CUDA graphs) always take ``MoELoRAOps``. Nothing of a
+step is kept.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from collections.abc import Sequence
 
 import torch
 
-from kernels.moe_lora_align import MoELoRABlocks, block_layout, launch_align, layout_tables
+from kernels.moe_lora_align import (MoELoRABlocks, block_layout, launch_align, layout_key,
+                                    layout_tables)
 from kernels.triton_launch import PlanTable, aligned16, raw_stream
 from kernels.triton_lora_common import as_slices
 from kernels.triton_moe_lora_ops import MoELoRAOps
@@ -52,20 +55,27 @@ class MoELoRALayer:
         and down's input are at ``row_map[t*K+k]`` (``kernels.triton_moe_lora_kernels``); the step
         keeps it for ``down``."""
         m, k = topk_ids.shape
-        key = (m, k, enabled.shape[0], x.stride(0), y13.stride(0), x.dtype, y13.dtype,
-               topk_ids.dtype, token_lora.dtype, enabled.dtype, add_inputs,
-               None if act is None else (act.stride(0), act.dtype), row_map is not None)
+        cfg = MoELoRAOps.config_for(m, hidden=self.hidden, intermediate=self.intermediate,
+                                    num_experts=self.num_experts, top_k=k, rank=self.rank,
+                                    num_slots=self.num_slots, device=topk_ids.device)
         extra = tuple(t for t in (act, row_map) if t is not None)
-        fast = (self.aligned and topk_ids.is_contiguous()
+        fast = (not cfg["naive"] and self.aligned and topk_ids.is_contiguous()
                 and topk_ids.dtype == token_lora.dtype == enabled.dtype == torch.int32
                 and (row_map is None or (row_map.dtype == torch.int32
                                          and row_map.is_contiguous()))
                 and aligned16(x, y13, topk_ids, token_lora, enabled, *extra))
-        call = self._up.get(key) if fast else None
+        call = key = None
+        if fast:
+            key = (layout_key(m * k, enabled.shape[0] * self.num_experts, cfg["block_m"],
+                              bool(cfg.get("align_parallel"))),
+                   _ops_signature(cfg), k, enabled.shape[0], x.stride(0), y13.stride(0),
+                   x.dtype, y13.dtype, add_inputs,
+                   None if act is None else (act.stride(0), act.dtype), row_map is not None)
+            call = self._up.get(key)
         if call is None:
             ops = MoELoRAOps(topk_ids, token_lora, enabled, num_experts=self.num_experts,
                              hidden=self.hidden, intermediate=self.intermediate,
-                             rank=self.rank, num_slots=self.num_slots)
+                             rank=self.rank, num_slots=self.num_slots, config=cfg)
             act_done = ops.add_w13(y13, x, self.a13, self.b13, add_inputs=add_inputs, act=act,
                                    row_map=row_map)
             bl = ops.blocks
@@ -118,8 +128,9 @@ class MoELoRAStep:
         layer, ops, rmap = self.layer, self.ops, self.row_map
         bl = ops.blocks
         tw = topk_weights.reshape(-1)
-        key = (bl.num_rows, bl.top_k, h.stride(0), y2.stride(0), h.dtype, y2.dtype, tw.dtype,
-               add_inputs, rmap is not None)
+        key = (bl.max_blocks, bl.block_m, ops.cfg["shrink2"], ops.cfg["expand2"], ops.use_pdl,
+               bl.top_k, h.stride(0), y2.stride(0), h.dtype, y2.dtype, tw.dtype, add_inputs,
+               rmap is not None)
         fast = self.fast and aligned16(h, y2, tw)
         call = layer._down.get(key) if fast else None
         if call is None:
@@ -136,3 +147,10 @@ class MoELoRAStep:
         shrink.launch(stream, h, layer.a2, layer.a2, part, *blocks,
                       bl.topk_ids if rmap is None else rmap)
         expand.launch(stream, y2, y2, layer.b2, layer.b2, part, part, tw, *blocks, bl.topk_ids)
+
+
+def _ops_signature(cfg: dict) -> tuple:
+    """What of a layer config a kept step depends on (configs are looked up per token count:
+    equal ones of two counts are different objects)."""
+    return (cfg["block_m"], bool(cfg.get("pdl")), bool(cfg.get("align_parallel")),
+            cfg["shrink13"], cfg["expand13"], cfg["shrink2"], cfg["expand2"])

@@ -207,7 +207,20 @@ def _dense_lora_expand_kernel(
 
 _SHRINK_PLANS = LaunchPlans(CachedLauncher(_dense_lora_shrink_kernel))
 _EXPAND_PLANS = LaunchPlans(CachedLauncher(_dense_lora_expand_kernel))
-_LEAD = 10  # arguments given anew per launch: x or y, 3 weight slices, part, 4 groups, live
+# arguments given anew per launch: x or y, 3 weight slices, part, 4 groups, live, the group
+# count and the token count (``do_not_specialize``: a prepared launch serves every count of its
+# ``plan_tokens`` bucket)
+_LEAD = 12
+PLAN_TOKENS_EXACT = 512  # token counts up to this keep their own launches (CUDA-graph sizes)
+PLAN_TOKEN_GRAIN = 128
+
+
+def plan_tokens(m: int) -> int:
+    """The token count a launch is prepared for: ``m`` up to ``PLAN_TOKENS_EXACT``, above it
+    ``m`` rounded up to ``PLAN_TOKEN_GRAIN`` (grid and partials sized for it; programs past the
+    real row blocks exit at once). Eager steps of a server, whose counts differ by a few
+    decode tokens from step to step, then reuse one prepared launch pair."""
+    return m if m <= PLAN_TOKENS_EXACT else -(-m // PLAN_TOKEN_GRAIN) * PLAN_TOKEN_GRAIN
 
 
 def row_blocks(m: int, block_m: int, num_groups: int) -> int:
@@ -240,27 +253,28 @@ def shrink_with_plan(x, lora_a, groups, cfg, scale, use_pdl, slot_live
     a = as_3d(lora_a)
     a1 = a[min(1, num_slices - 1)]
     g, m = groups, groups.num_tokens
+    mp = plan_tokens(m)
     live = g.slot if slot_live is None else slot_live
-    key = (cfg, m, x.stride(0), x.dtype, a[0].shape, a[0].stride(), num_slices, scale, use_pdl,
+    key = (cfg, mp, x.stride(0), x.dtype, a[0].shape, a[0].stride(), num_slices, scale, use_pdl,
            g.slot.shape[0], slot_live is not None,
            aligned16(x, a[0], a1, a[-1], g.sorted_idx, g.slot, g.ntok, g.start, live))
     plan = _SHRINK_PLANS.get(key)
     if plan is not None:
         part = torch.empty(plan.extra, dtype=torch.float32, device=x.device)
         plan.launch(raw_stream(x.device), x, a[0], a1, a[-1], part, g.sorted_idx, g.slot, g.ntok,
-                    g.start, live)
+                    g.start, live, g.num_groups, m)
         return part, plan
     rank, in_features = a[0].shape[-2], a[0].shape[-1]
     rp = rank_pad(rank)
     block_k, split_k, k_per_split, even_k = split_k_plan(in_features, cfg.block_k, cfg.split_k)
-    part = torch.empty((split_k, m, num_slices * rp), dtype=torch.float32, device=x.device)
+    part = torch.empty((split_k, mp, num_slices * rp), dtype=torch.float32, device=x.device)
     if m == 0:
         return part, None
     assert x.stride(-1) == 1 and all(t.stride(-1) == 1 for t in a)
     assert all(t.shape == a[0].shape and t.stride() == a[0].stride() for t in a), \
         "slices must share shape and strides"
     plan = _SHRINK_PLANS.launch_new(
-        key, (row_blocks(m, cfg.block_m, g.num_groups), split_k, num_slices),
+        key, (row_blocks(mp, cfg.block_m, g.num_groups), split_k, num_slices),
         (x, a[0], a1, a[-1], part, g.sorted_idx, g.slot, g.ntok, g.start, live, g.num_groups, m,
          in_features, rank, k_per_split, float(scale),
          x.stride(0), a[0].stride(0), a[0].stride(1), part.stride(0), part.stride(1)),
@@ -293,14 +307,16 @@ def expand_with_plan(y, part, lora_b, groups, cfg, add_inputs, use_pdl, slot_liv
     g, m = groups, groups.num_tokens
     if m == 0:
         return None
+    mp = plan_tokens(m)
+    assert part.shape[1] >= mp, (part.shape, mp)  # the shrink's partials, sized for mp
     live = g.slot if slot_live is None else slot_live
-    key = (cfg, m, y.stride(0), y.dtype, tuple(t.shape for t in b), tuple(t.stride() for t in b),
-           add_inputs, use_pdl, part.shape[0], g.slot.shape[0], slot_live is not None,
+    key = (cfg, mp, y.stride(0), y.dtype, tuple(t.shape for t in b), tuple(t.stride() for t in b),
+           add_inputs, use_pdl, part.shape, g.slot.shape[0], slot_live is not None,
            aligned16(y, b[0], b1, b[-1], part, g.sorted_idx, g.slot, g.ntok, g.start, live))
     plan = _EXPAND_PLANS.get(key)
     if plan is not None:
         plan.launch(raw_stream(y.device), y, b[0], b1, b[-1], part, g.sorted_idx, g.slot, g.ntok,
-                    g.start, live)
+                    g.start, live, g.num_groups, m)
         return plan
     ns = [t.shape[-2] for t in b] + [0] * (MAX_SLICES - num_slices)
     rank = b[0].shape[-1]
@@ -311,7 +327,7 @@ def expand_with_plan(y, part, lora_b, groups, cfg, add_inputs, use_pdl, slot_liv
     assert y.shape[-1] >= sum(ns), (y.shape, ns)
     block_n = min(cfg.block_n, max(16, next_pow2(max(ns))))
     return _EXPAND_PLANS.launch_new(
-        key, (cdiv(max(ns), block_n), row_blocks(m, cfg.block_m, g.num_groups), num_slices),
+        key, (cdiv(max(ns), block_n), row_blocks(mp, cfg.block_m, g.num_groups), num_slices),
         (y, b[0], b1, b[-1], part, g.sorted_idx, g.slot, g.ntok, g.start, live, g.num_groups, m,
          ns[0], ns[1], ns[2], rank, part.shape[0],
          y.stride(0), bl[0], bl[1], bl[2], b[0].stride(1), part.stride(0), part.stride(1)),

@@ -55,6 +55,12 @@ class MoELoRAOps:
         self.launches13: tuple | None = None
         self.launches2: tuple | None = None
 
+    @staticmethod
+    def config_for(num_tokens: int, **shape) -> dict:
+        """The layer config these ops pick for ``num_tokens`` and ``shape`` (the keywords of
+        ``get_layer_config``)."""
+        return get_layer_config(num_tokens, **shape)
+
     @classmethod
     def from_blocks(cls, blocks, cfg: dict, use_pdl: bool) -> "MoELoRAOps":
         """The ops on a block layout already built (``MoELoRABlocks``) with its config."""

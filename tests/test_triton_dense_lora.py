@@ -262,3 +262,30 @@ def test_dense_layer_keeps_one_launch_pair_per_token_count():
         layer(y, x, group_tokens(lora, slots + 1), cfg, scale=0.5)
         assert rel_err(y, ref) < (5e-3 if HAS_CUDA else 2e-4), seed
         assert len(layer._calls.plans) == 1
+
+
+@needs_triton
+def test_nearby_token_counts_share_one_launch_pair(monkeypatch):
+    """Above ``PLAN_TOKENS_EXACT`` (made small here) token counts within one
+    ``PLAN_TOKEN_GRAIN`` share the prepared pair (grid and partials sized for the bucket, the
+    count given per launch): each step still matches the reference, rows past the count are
+    left alone, and no new launch is prepared."""
+    from kernels import triton_dense_lora as tdl
+    from kernels.dense_lora_layer import DenseLoRALayer
+
+    monkeypatch.setattr(tdl, "PLAN_TOKENS_EXACT", 8)
+    monkeypatch.setattr(tdl, "PLAN_TOKEN_GRAIN", 32)
+    assert [tdl.plan_tokens(m) for m in (8, 9, 19, 32, 33)] == [8, 32, 32, 32, 64]
+    k, ns, slots, rank = 40, (24, 8, 8), 3, 8
+    _, _, a, b, _ = problem(24, k, ns, slots, rank, torch.float32, seed=5)
+    layer = DenseLoRALayer(a, b)
+    for seed, m in enumerate((19, 23, 17, 32)):
+        y, x, _, _, lora = problem(m, k, ns, slots, rank, torch.float32, seed=40 + seed)
+        cfg = DenseLoRAConfig(block_m=16, block_k=16, split_k=2, block_n=16)
+        ref = dense_reference(y, x, a, b, lora.cpu(), 0.5)
+        plans = (len(tdl._SHRINK_PLANS.plans), len(tdl._EXPAND_PLANS.plans))
+        layer(y, x, group_tokens(lora, slots + 1), cfg, scale=0.5)
+        assert rel_err(y, ref) < (5e-3 if HAS_CUDA else 2e-4), m
+        assert len(layer._calls.plans) == 1
+        if seed:  # the first step's pair, launched again
+            assert (len(tdl._SHRINK_PLANS.plans), len(tdl._EXPAND_PLANS.plans)) == plans
