@@ -202,7 +202,8 @@ def phases(args) -> list[tuple[str, list, int, int]]:
     if per_step * args.prompt_len > ENGINE_ARGS["max_num_batched_tokens"]:
         raise SystemExit(f"--prompts-per-step {per_step} x --prompt-len {args.prompt_len} exceeds "
                          f"the engine's {ENGINE_ARGS['max_num_batched_tokens']} tokens per step")
-    prompts = random_prompts(args.prompts, args.prompt_len)
+    prompts = [p[: len(p) - i % (args.vary_len + 1)]  # --vary-len: a token count per step
+               for i, p in enumerate(random_prompts(args.prompts, args.prompt_len))]
     prefill = [prompts[i:i + per_step] for i in range(0, len(prompts) - per_step + 1, per_step)]
     decode = [random_prompts(args.prompts, 32, seed=1)]
     return [("prefill", prefill, 1, len(prefill)),
@@ -252,6 +253,9 @@ def main() -> None:
     ap.add_argument("--base-engine", action="store_true",
                     help="also profile an engine without LoRA (a served base model) and measure "
                          "what the adapters add against it")
+    ap.add_argument("--vary-len", type=int, default=0, metavar="N",
+                    help="prefill prompt i is i %% (N+1) tokens shorter: each step a token count "
+                         "of its own, as a server's steps (which launches stay prepared shows)")
     ap.add_argument("--top", type=int, default=12)
     ap.add_argument("--cprofile", type=int, default=0, metavar="N",
                     help="also profile the prefill passes' Python (host) time: top N functions "

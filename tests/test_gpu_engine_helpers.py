@@ -144,13 +144,18 @@ def test_prefill_phase_packs_prompts_per_step_within_the_step_budget():
 
     from benchmarks.gpu_step_profile import phases
 
-    args = Namespace(prompts=16, prompt_len=1600, prompts_per_step=5, decode_steps=4)
+    args = Namespace(prompts=16, prompt_len=1600, prompts_per_step=5, decode_steps=4,
+                     vary_len=0)
     (name, batches, max_tokens, steps), decode = phases(args)
     assert (name, max_tokens, steps) == ("prefill", 1, 3)
     assert [len(b) for b in batches] == [5, 5, 5] and len(batches[0][0]) == 1600
     assert decode[0] == "decode" and decode[3] == 4 and len(decode[1][0]) == 16
     with pytest.raises(SystemExit, match="exceeds the engine's 8192 tokens"):
-        phases(Namespace(prompts=16, prompt_len=1600, prompts_per_step=6, decode_steps=4))
+        phases(Namespace(prompts=16, prompt_len=1600, prompts_per_step=6, decode_steps=4,
+                         vary_len=0))
+    varied, _ = phases(Namespace(prompts=6, prompt_len=1600, prompts_per_step=1,
+                                 decode_steps=4, vary_len=3))
+    assert [len(b[0]) for b in varied[1]] == [1600, 1599, 1598, 1597, 1600, 1599]
 
 
 @pytest.mark.parametrize("tokens,requests", [(16, 16), (1616, 2), (8192, 6)])
