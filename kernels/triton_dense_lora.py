@@ -33,7 +33,7 @@ import triton.language as tl
 from kernels.dense_lora_groups import TokenGroups
 from kernels.triton_launch import (CachedLauncher, LaunchPlans, PreparedLaunch, aligned16, cdiv,
                                     next_pow2, raw_stream)
-from kernels.triton_lora_common import rank_pad, shrink_tile, split_k_plan
+from kernels.triton_lora_common import rank_pad, shrink_tile, split_k_plan, split_k_sum
 
 MAX_SLICES = 3
 
@@ -194,11 +194,7 @@ def _dense_lora_expand_kernel(
     if ADD_INPUTS:
         y_old = tl.load(y_ptrs, mask=y_mask, other=0.0)
     p_ptrs = part_ptr + pos.to(tl.int64)[:, None] * stride_pm + pid_slice * RP + offs_r[None, :]
-    if USE_PDL:
-        tl.extra.cuda.gdc_wait()
-    inter = tl.load(p_ptrs, mask=row_ok[:, None], other=0.0)
-    for s in range(1, split_k):
-        inter += tl.load(p_ptrs + s * stride_ps, mask=row_ok[:, None], other=0.0)
+    inter = split_k_sum(p_ptrs, row_ok, split_k, stride_ps, USE_PDL)
     acc = tl.dot(inter.to(bt.dtype), bt)
     if ADD_INPUTS:
         acc += y_old.to(tl.float32)

@@ -15,6 +15,19 @@ from kernels.triton_launch import cdiv, next_pow2
 
 
 @triton.jit
+def split_k_sum(p_ptrs, row_ok, split_k, stride_ps, USE_PDL: tl.constexpr):
+    """An expand's left operand ``[BM, RP]``: the shrink's fp32 partial sums at ``p_ptrs``
+    added over the ``split_k`` parts (``stride_ps`` apart), loaded after programmatic dependent
+    launch's wait for the shrink (``USE_PDL``: everything before the call overlaps it)."""
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+    inter = tl.load(p_ptrs, mask=row_ok[:, None], other=0.0)
+    for s in range(1, split_k):
+        inter += tl.load(p_ptrs + s * stride_ps, mask=row_ok[:, None], other=0.0)
+    return inter
+
+
+@triton.jit
 def shrink_tile(x_ptr, a_base, x_rows, row_ok, k_start, k_len, in_features, rank,
                 stride_xm, stride_ar, BM: tl.constexpr, RP: tl.constexpr,
                 BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, EVEN_R: tl.constexpr):

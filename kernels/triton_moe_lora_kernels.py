@@ -33,7 +33,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.triton_lora_common import shrink_tile
+from kernels.triton_lora_common import shrink_tile, split_k_sum
 from kernels.triton_moe_lora_act import swiglu_oai
 
 
@@ -160,12 +160,9 @@ def _moe_lora_expand_kernel(
         w = tl.load(topk_w_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
     if HAS_SCALE:
         scale = tl.load(scale_ptr + slot).to(tl.float32)
-    p_ptrs = part_ptr + (pid_b * BM + offs_m)[:, None] * stride_pm + pid_slice * RP + offs_r[None, :]
-    if USE_PDL:
-        tl.extra.cuda.gdc_wait()
-    inter = tl.load(p_ptrs, mask=row_ok[:, None], other=0.0)
-    for s in range(1, split_k):
-        inter += tl.load(p_ptrs + s * stride_ps, mask=row_ok[:, None], other=0.0)
+    p_ptrs = (part_ptr + (pid_b * BM + offs_m)[:, None] * stride_pm + pid_slice * RP
+              + offs_r[None, :])
+    inter = split_k_sum(p_ptrs, row_ok, split_k, stride_ps, USE_PDL)
     acc = tl.dot(inter.to(bt.dtype), bt)
     if HAS_SCALE:
         acc *= scale
