@@ -82,6 +82,7 @@ def layout_blocks(num_rows: int, num_pairs: int, block_m: int) -> int:
     return _round_up(blocks, BLOCK_GRAIN) if blocks else 0
 
 
+@functools.lru_cache(maxsize=4096)  # per layer and step: one lookup
 def layout_key(num_rows: int, num_pairs: int, block_m: int, parallel: bool) -> tuple:
     """What a sorted layout and its align launches depend on besides the batch's tensors (and
     its row count, which the align programs take as an argument): the block count, the block
