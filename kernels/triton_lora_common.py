@@ -14,6 +14,17 @@ import triton.language as tl
 from kernels.triton_launch import cdiv, next_pow2
 
 
+def row_map_arg(row_map: torch.Tensor | None, topk_ids: torch.Tensor,
+                num_rows: int) -> torch.Tensor:
+    """The MoE-LoRA kernels' row-map argument (``kernels.triton_moe_lora_kernels``):
+    ``row_map [>=num_rows]`` int32, or ``topk_ids`` as a placeholder the kernels never read
+    (their ``ROW_MAP`` off)."""
+    rm = topk_ids if row_map is None else row_map
+    assert rm.dtype == torch.int32 and rm.is_contiguous(), rm.dtype
+    assert rm.numel() >= num_rows, (rm.shape, num_rows)
+    return rm
+
+
 @triton.jit
 def split_k_sum(p_ptrs, row_ok, split_k, stride_ps, USE_PDL: tl.constexpr):
     """An expand's left operand ``[BM, RP]``: the shrink's fp32 partial sums at ``p_ptrs``

@@ -17,7 +17,7 @@ from kernels.moe_lora_align import MoELoRABlocks
 from kernels.reference import SWIGLUOAI_ALPHA, SWIGLUOAI_LIMIT
 from kernels.triton_launch import (CachedLauncher, LaunchPlans, PreparedLaunch, aligned16, cdiv,
                                     next_pow2, raw_stream)
-from kernels.triton_lora_common import as_slices, rank_pad, split_k_plan
+from kernels.triton_lora_common import as_slices, rank_pad, row_map_arg, split_k_plan
 from kernels.triton_moe_lora_configs import OpConfig
 from kernels.triton_moe_lora_kernels import _moe_lora_expand_kernel, _moe_lora_shrink_kernel
 
@@ -55,7 +55,7 @@ def shrink_with_plan(x, lora_a, blocks, x_row_div, cfg, use_pdl=False, out=None,
     a = as_slices(lora_a)
     num_slices = len(a)
     bl = blocks  # its block tables start on 16-byte boundaries by construction (align_moe_lora)
-    rm = _row_map_arg(row_map, bl)
+    rm = row_map_arg(row_map, bl.topk_ids, bl.num_rows)
     key = (cfg, bl.max_blocks, bl.block_m, bl.naive, bl.top_k, bl.num_experts, x_row_div,
            x.stride(0), x.dtype,
            a[0].shape, a[0].stride(), num_slices, use_pdl, row_map is not None,
@@ -91,16 +91,6 @@ def shrink_with_plan(x, lora_a, blocks, x_row_div, cfg, use_pdl=False, out=None,
              num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=use_pdl),
         lead=5 + len(blocks_args), extra=shape)
     return part, plan
-
-
-def _row_map_arg(row_map: torch.Tensor | None, blocks: MoELoRABlocks) -> torch.Tensor:
-    """The kernels' row-map argument: ``row_map [>=M*K]`` int32, or a placeholder that is
-    never read (``ROW_MAP`` off)."""
-    if row_map is None:
-        return blocks.topk_ids
-    assert row_map.dtype == torch.int32 and row_map.is_contiguous(), row_map.dtype
-    assert row_map.numel() >= blocks.num_rows, (row_map.shape, blocks.num_rows)
-    return row_map
 
 
 def _part_shape(a: tuple[torch.Tensor, ...], blocks: MoELoRABlocks, cfg: OpConfig
@@ -156,7 +146,7 @@ def expand_with_plan(y, part, lora_b, blocks, cfg, scaling=None, topk_weights=No
     tw = topk_weights.reshape(-1) if topk_weights is not None else part
     sc = scaling if scaling is not None else part
     ac = act if act is not None else y
-    rm = _row_map_arg(row_map, bl)
+    rm = row_map_arg(row_map, bl.topk_ids, bl.num_rows)
     key = (cfg, bl.max_blocks, bl.block_m, bl.naive, bl.top_k, bl.num_experts, y.stride(0),
            y.dtype, b[0].shape,
            b[0].stride(), num_slices, part.shape, scaling is not None, topk_weights is not None,

@@ -24,6 +24,7 @@ import triton.language as tl
 from kernels.moe_lora_align import _row_keys
 from kernels.reference import SWIGLUOAI_ALPHA, SWIGLUOAI_LIMIT
 from kernels.triton_launch import CachedLauncher, cdiv
+from kernels.triton_lora_common import row_map_arg
 
 BLOCK_ROWS, BLOCK_COLS = 16, 128
 
@@ -80,8 +81,7 @@ def swiglu_rows_without_lora(act: torch.Tensor, y13: torch.Tensor, topk_ids: tor
     rows, top_k = topk_ids.numel(), topk_ids.shape[1]
     half_n = act.shape[1]
     assert y13.shape[1] == 2 * half_n and act.stride(1) == 1 and y13.stride(1) == 1
-    rm = topk_ids if row_map is None else row_map
-    assert rm.dtype == torch.int32 and rm.is_contiguous() and rm.numel() >= rows
+    rm = row_map_arg(row_map, topk_ids, rows)
     _COMPLEMENT((max(1, cdiv(rows, BLOCK_ROWS)), cdiv(half_n, BLOCK_COLS)), act, y13, topk_ids,
                 token_lora, enabled, rm, rows, top_k, num_experts, half_n, act.stride(0),
                 y13.stride(0), float(alpha), float(limit), num_warps=4, BM=BLOCK_ROWS,

@@ -22,7 +22,7 @@ import triton.language as tl
 
 from kernels.moe_lora_align import MoELoRABlocks
 from kernels.triton_launch import CachedLauncher, cdiv, next_pow2
-from kernels.triton_lora_common import as_slices, rank_pad
+from kernels.triton_lora_common import as_slices, rank_pad, row_map_arg
 
 
 @triton.jit
@@ -104,7 +104,7 @@ def moe_lora_fused(
     block_n: int = 64,
     num_warps: int = 4,
     row_map: torch.Tensor | None = None,
-    map_rows_of: str = "",
+    map_rows_of: str | None = None,
 ) -> None:
     """``y [M*K, >=S*N] (+)= scale * w_row * (x[row // x_row_div] A^T) B^T`` per slice for the
     rows with expert LoRA, in one launch; ``blocks`` must be a naive layout. Shapes as
@@ -128,10 +128,8 @@ def moe_lora_fused(
     n_per_part = cdiv(cdiv(out_features, parts), block_n) * block_n
     parts = cdiv(out_features, n_per_part)
     tw = topk_weights.reshape(-1) if topk_weights is not None else y
-    assert (row_map is None) == (map_rows_of == ""), map_rows_of
-    assert map_rows_of in ("", "x", "y"), map_rows_of
-    rm = blocks.topk_ids if row_map is None else row_map
-    assert rm.dtype == torch.int32 and rm.is_contiguous() and rm.numel() >= rows
+    assert row_map is None or map_rows_of in ("x", "y"), map_rows_of
+    rm = row_map_arg(row_map, blocks.topk_ids, rows)
     _FUSED(
         (rows, parts, num_slices),
         y, x, a[0], a[-1], b[0], b[-1], scaling if scaling is not None else y, tw,
@@ -142,5 +140,6 @@ def moe_lora_fused(
         RP=rp, BLOCK_K=min(block_k, max(16, next_pow2(in_features))), BLOCK_N=block_n,
         NUM_SLICES=num_slices, HAS_SCALE=scaling is not None,
         MUL_ROUTED_WEIGHT=topk_weights is not None, ADD_INPUTS=add_inputs,
-        X_MAP=map_rows_of == "x", Y_MAP=map_rows_of == "y", num_warps=num_warps,
+        X_MAP=row_map is not None and map_rows_of == "x",
+        Y_MAP=row_map is not None and map_rows_of == "y", num_warps=num_warps,
     )

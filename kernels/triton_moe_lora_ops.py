@@ -84,8 +84,7 @@ class MoELoRAOps:
             act = None
         if self.fused:
             moe_lora_fused(y13, x, a13, b13, self.blocks, self.blocks.top_k, scaling=scaling,
-                           add_inputs=add_inputs, row_map=row_map,
-                           map_rows_of="" if row_map is None else "y")
+                           add_inputs=add_inputs, row_map=row_map, map_rows_of="y")
             return False
         part, shrink = shrink_with_plan(x, a13, self.blocks, self.blocks.top_k,
                                         self.cfg["shrink13"], use_pdl=self.use_pdl)
@@ -103,7 +102,7 @@ class MoELoRAOps:
         if self.fused:
             moe_lora_fused(y2, h, a2, b2, self.blocks, 1, scaling=scaling,
                            topk_weights=topk_weights, add_inputs=add_inputs, row_map=row_map,
-                           map_rows_of="" if row_map is None else "x")
+                           map_rows_of="x")
             return
         part, shrink = shrink_with_plan(h, a2, self.blocks, 1, self.cfg["shrink2"],
                                         use_pdl=self.use_pdl, row_map=row_map)
