@@ -122,7 +122,9 @@ def unfused_gate_up(ctx, y13: torch.Tensor, act: torch.Tensor, x: torch.Tensor,
     without expert LoRA, by the complement kernel. Returns ``(hook tuple for apply_w2_lora,
     act written)``; ``act written`` is False where the fold does not apply (not ``swiglu``, two
     gate/up slices, a padded N, the tiny-batch fused launch): then ``y13`` holds the sum and the
-    caller runs the activation. The step keeps ``row_map`` for down's input rows."""
+    caller runs the activation. The step keeps ``row_map`` for down's input rows. The kernel
+    for rows without expert LoRA is skipped when every token of the step has it
+    (``vllm_cuda_live.covers_all_tokens``)."""
     from kernels.triton_moe_lora_act import swiglu_rows_without_lora
 
     b13 = ctx.w13_lora_b_stacked
@@ -130,7 +132,8 @@ def unfused_gate_up(ctx, y13: torch.Tensor, act: torch.Tensor, x: torch.Tensor,
                 and topk_ids.dtype == torch.int32 and topk_ids.is_contiguous())
     step = _gate_up(ctx, y13, x, topk_ids, act=act if foldable else None, row_map=row_map)
     done = step is not _SKIP and step.act_done
-    if done:  # the expand wrote the rows with expert LoRA: the others from the GEMM's output
+    if done and not vllm_cuda_live.covers_all_tokens(ctx.w13_lora_a_stacked[0], x.size(0)):
+        # the expand wrote the rows with expert LoRA: the others from the GEMM's output
         meta = ctx.punica_wrapper.token_mapping_meta
         swiglu_rows_without_lora(act, y13, topk_ids, meta.token_lora_mapping[: x.size(0)],
                                  ctx.adapter_enabled[: ctx.max_loras], ctx.local_num_experts,

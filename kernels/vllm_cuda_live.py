@@ -12,7 +12,9 @@ Two facts, kept on the host by wrapping two vLLM 0.24 methods:
 - per step, the slots its tokens use (``PunicaWrapperGPU.update_metadata``, once per step,
   outside CUDA graphs).
 
-``skippable(first_a_stack)`` is true when the two do not meet. Never while a CUDA graph is
+``skippable(first_a_stack)`` is true when the two do not meet; ``covers_all_tokens`` when every
+token of the step is on a slot with weights for the module (the MXFP4 experts then skip the
+kernel for rows without expert LoRA). Never while a CUDA graph is
 being captured (the graph must hold the launches for later steps) and never for a module whose
 slots were not tracked. Keys are the data pointers of the modules' first A stacks (allocated
 once at model load).
@@ -31,7 +33,8 @@ import torch
 
 _originals: dict[str, object] = {}
 _live: dict[int, set[int]] = {}  # module key -> slots whose adapter has weights there
-_step: dict[str, frozenset | None] = {"slots": None}  # slots this step's tokens use
+# slots this step's tokens use; its token count; whether every token is on a resident adapter
+_step: dict[str, object] = {"slots": None}
 _masks: dict[int, torch.Tensor] = {}  # dense module key -> [L] int32 device mask of _live
 
 
@@ -90,10 +93,26 @@ def slot_mask(first_a_stack: torch.Tensor) -> torch.Tensor | None:
 
 
 def record_step(index_mapping, lora_index_to_id) -> None:
-    """The slots of this step's tokens (``index_mapping``: adapter id per token, 0 none)."""
+    """The slots of this step's tokens (``index_mapping``: adapter id per token, 0 none), how
+    many tokens it has, and whether every one of them is on a resident adapter."""
     ids = set(index_mapping)
-    _step["slots"] = frozenset(lora_index_to_id.index(i) for i in ids
-                               if i > 0 and i in lora_index_to_id)
+    resident = {i for i in ids if i > 0 and i in lora_index_to_id}
+    _step["slots"] = frozenset(lora_index_to_id.index(i) for i in resident)
+    _step["tokens"] = len(index_mapping)
+    _step["every"] = resident == ids
+
+
+def covers_all_tokens(first_a_stack: torch.Tensor, num_tokens: int) -> bool:
+    """True when every one of the step's ``num_tokens`` tokens is on an adapter with weights
+    for the module of ``first_a_stack`` (a kernel for the rows without LoRA has nothing to
+    do). False when unknown: no step recorded, a row count other than the step's tokens (rows
+    padded for a graph), an untracked module, or while a CUDA graph is captured."""
+    live = _live.get(first_a_stack.data_ptr())
+    slots = _step["slots"]
+    if (live is None or slots is None or not _step.get("every")
+            or _step.get("tokens") != num_tokens or not slots <= live):
+        return False
+    return not (first_a_stack.is_cuda and torch.cuda.is_current_stream_capturing())
 
 
 def skippable(first_a_stack: torch.Tensor) -> bool:

@@ -307,6 +307,47 @@ def test_merged_column_apply_goes_through_add_lora_linear_with_one_rank():
         vllm_cuda_dense._originals.pop("_mcp_apply")
 
 
+def _gate_up_case(dev: str, tokens: int, mapped: bool, token_lora: list[int]):
+    """A GPT-OSS-like MoE layer's LoRA context (slot 1 without expert LoRA), its inputs and
+    the expected activation of every row: ``(ctx, x, y13, ids, row_map, rows, want_act)``;
+    ``rows``: where pair ``p``'s rows of ``y13`` / ``act`` are."""
+    H, I, E, K, L, r, T = 40, 24, 5, 2, 3, 8, tokens
+    g = torch.Generator().manual_seed(tokens)
+
+    def rnd(*s, std=1.0):
+        return (torch.randn(*s, generator=g) * std).to(dev)
+
+    a13, b13 = (rnd(L, E, r, H, std=H**-0.5),), (rnd(L, E, 2 * I, r, std=r**-0.5),)
+    lora = torch.tensor(token_lora, dtype=torch.int32, device=dev)[:T]
+    enabled = torch.tensor([1, 0, 1], dtype=torch.int32, device=dev)  # slot 1: no expert LoRA
+    meta = SimpleNamespace(token_lora_mapping=lora, no_lora_flag_cpu=torch.tensor([False]))
+    ctx = SimpleNamespace(w13_lora_a_stacked=a13, w13_lora_b_stacked=b13,
+                          w2_lora_a_stacked=(rnd(L, E, r, I),),
+                          w2_lora_b_stacked=(rnd(L, E, H, r),),
+                          adapter_enabled=enabled, max_loras=L, local_num_experts=E,
+                          punica_wrapper=SimpleNamespace(token_mapping_meta=meta))
+    ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)]).to(torch.int32)
+    ids = ids.to(dev)
+    spare = 1 if mapped else 0
+    x, y13 = rnd(T, H), rnd(T * K + spare, 2 * I, std=3.0)
+    row_map = (torch.randperm(T * K + spare, generator=g)[: T * K].to(torch.int32).to(dev)
+               if mapped else None)
+    rows = row_map.long() if mapped else torch.arange(T * K, device=dev)
+    want = y13[rows].double().clone()
+    for p in range(T * K):
+        t, a = p // K, int(lora[p // K])
+        if a >= 0 and int(enabled[a]):
+            e = int(ids[t, p % K])
+            want[p] += (x[t].double() @ a13[0][a, e].double().t()) @ b13[0][a, e].double().t()
+    gate = want[:, 0::2].clamp(max=7.0)
+    up = want[:, 1::2].clamp(-7.0, 7.0)
+    return ctx, x, y13, ids, row_map, rows, gate * torch.sigmoid(1.702 * gate) * (up + 1)
+
+
+def _act_error(act: torch.Tensor, rows: torch.Tensor, want_act: torch.Tensor) -> float:
+    return float((act[rows].double() - want_act).norm() / want_act.norm())
+
+
 @pytest.mark.parametrize("mapped", [False, True])
 @pytest.mark.parametrize("tokens", [3, 7])  # a naive layout (6 rows), a sorted one (14 rows)
 def test_unfused_gate_up_folds_gpt_oss_activation(monkeypatch, tokens, mapped):
@@ -317,47 +358,43 @@ def test_unfused_gate_up_folds_gpt_oss_activation(monkeypatch, tokens, mapped):
     ``act`` in another order (a row map, as the GEMM's expert-sorted rows; one spare row that
     nothing maps to). Interpreter on CPU."""
     dev = _triton_device(monkeypatch)
-    H, I, E, K, L, r, T = 40, 24, 5, 2, 3, 8, tokens
-    g = torch.Generator().manual_seed(tokens)
-
-    def rnd(*s, std=1.0):
-        return (torch.randn(*s, generator=g) * std).to(dev)
-
-    a13, b13 = (rnd(L, E, r, H, std=H**-0.5),), (rnd(L, E, 2 * I, r, std=r**-0.5),)
-    token_lora = torch.tensor([0, -1, 2, 1, 0, 2, -1], dtype=torch.int32, device=dev)[:T]
-    enabled = torch.tensor([1, 0, 1], dtype=torch.int32, device=dev)  # slot 1: no expert LoRA
-    meta = SimpleNamespace(token_lora_mapping=token_lora, no_lora_flag_cpu=torch.tensor([False]))
-    ctx = SimpleNamespace(w13_lora_a_stacked=a13, w13_lora_b_stacked=b13,
-                          w2_lora_a_stacked=(rnd(L, E, r, I),),
-                          w2_lora_b_stacked=(rnd(L, E, H, r),),
-                          adapter_enabled=enabled, max_loras=L, local_num_experts=E,
-                          punica_wrapper=SimpleNamespace(token_mapping_meta=meta))
     monkeypatch.setattr(vllm_cuda, "_ours_applies", lambda c, x, em: True)
     monkeypatch.setattr(vllm_cuda, "warm_up_layer", lambda c, k: None)
-    ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)]).to(torch.int32)
-    ids = ids.to(dev)
-    spare = 1 if mapped else 0
-    x, y13 = rnd(T, H), rnd(T * K + spare, 2 * I, std=3.0)
-    row_map = (torch.randperm(T * K + spare, generator=g)[: T * K].to(torch.int32).to(dev)
-               if mapped else None)
-    rows = row_map.long() if mapped else torch.arange(T * K, device=dev)
-    want = y13[rows].double().clone()
-    for p in range(T * K):
-        t, a = p // K, int(token_lora[p // K])
-        if a >= 0 and int(enabled[a]):
-            e = int(ids[t, p % K])
-            want[p] += (x[t].double() @ a13[0][a, e].double().t()) @ b13[0][a, e].double().t()
-    gate = want[:, 0::2].clamp(max=7.0)
-    up = want[:, 1::2].clamp(-7.0, 7.0)
-    want_act = gate * torch.sigmoid(1.702 * gate) * (up + 1)
+    ctx, x, y13, ids, row_map, rows, want_act = _gate_up_case(dev, tokens, mapped,
+                                                              [0, -1, 2, 1, 0, 2, -1])
     for _ in range(2):
-        act = torch.full((T * K + spare, I), float("nan"), device=dev)
+        act = torch.full((y13.shape[0], want_act.shape[1]), float("nan"), device=dev)
         before = y13.clone()
         step, done = vllm_cuda.unfused_gate_up(ctx, y13, act, x, ids, row_map, swiglu=True)
         assert done and step[0].act_done and step[0].row_map is row_map
         assert torch.equal(y13, before)  # the expand wrote act, not the GEMM output
-        tol = 5e-3 if dev == "cuda" else 1e-5
-        assert float((act[rows].double() - want_act).norm() / want_act.norm()) < tol
+        assert _act_error(act, rows, want_act) < (5e-3 if dev == "cuda" else 1e-5)
         if mapped:  # the spare row: nothing written
-            spare_row = sorted(set(range(T * K + 1)) - set(rows.tolist()))
+            spare_row = sorted(set(range(y13.shape[0])) - set(rows.tolist()))
             assert act[spare_row].isnan().all()
+
+
+@pytest.mark.parametrize("every", [True, False])
+def test_unfused_gate_up_skips_the_complement_when_every_token_has_expert_lora(monkeypatch,
+                                                                               every):
+    """A step whose tokens are all on slots with expert LoRA (as ``vllm_cuda_live`` recorded
+    it) launches no kernel for rows without LoRA: the expand wrote every row. With one token
+    without adapter the complement runs. Interpreter on CPU."""
+    from kernels import triton_moe_lora_act, vllm_cuda_live
+
+    dev = _triton_device(monkeypatch)
+    monkeypatch.setattr(vllm_cuda, "_ours_applies", lambda c, x, em: True)
+    monkeypatch.setattr(vllm_cuda, "warm_up_layer", lambda c, k: None)
+    lora = [0, 2, 2, 0, 0, 2, 0] if every else [0, 2, -1, 0, 0, 2, 0]
+    ctx, x, y13, ids, row_map, rows, want_act = _gate_up_case(dev, 7, True, lora)
+    monkeypatch.setattr(vllm_cuda_live, "_live", {ctx.w13_lora_a_stacked[0].data_ptr(): {0, 2}})
+    monkeypatch.setattr(vllm_cuda_live, "_step", {})
+    vllm_cuda_live.record_step([{0: 7, 2: 9, -1: 0}[v] for v in lora], [7, 8, 9])
+    calls = []
+    real = triton_moe_lora_act.swiglu_rows_without_lora
+    monkeypatch.setattr(triton_moe_lora_act, "swiglu_rows_without_lora",
+                        lambda *a, **k: (calls.append(1), real(*a, **k)))
+    act = torch.full((y13.shape[0], want_act.shape[1]), float("nan"), device=dev)
+    _, done = vllm_cuda.unfused_gate_up(ctx, y13, act, x, ids, row_map, swiglu=True)
+    assert done and len(calls) == (0 if every else 1)
+    assert _act_error(act, rows, want_act) < (5e-3 if dev == "cuda" else 1e-5)

@@ -45,6 +45,25 @@ def test_modules_without_weights_in_the_step_are_skipped():
     assert not live.skippable(torch.zeros(4))  # an untracked module is never skipped
 
 
+def test_all_tokens_covered_only_when_every_token_is_on_a_slot_with_weights():
+    attn, router, experts = torch.zeros(4), torch.zeros(4), torch.zeros(4)
+    mgr = manager_with(attn, router, experts)
+    live.record_slot(mgr, 0, SimpleNamespace(id=7))  # attention + experts in slot 0
+    live.record_slot(mgr, 1, SimpleNamespace(id=8))  # attention only in slot 1
+    assert not live.covers_all_tokens(experts, 3)  # no step recorded yet
+    live.record_step((7, 7, 7), [7, 8, None])
+    assert live.covers_all_tokens(experts, 3) and live.covers_all_tokens(attn, 3)
+    assert not live.covers_all_tokens(experts, 4)  # rows beyond the step's tokens (padding)
+    assert not live.covers_all_tokens(router, 3)  # no slot has router weights
+    assert not live.covers_all_tokens(torch.zeros(4), 3)  # an untracked module
+    live.record_step((7, 0, 7), [7, 8, None])  # a token without adapter
+    assert not live.covers_all_tokens(experts, 3)
+    live.record_step((7, 8), [7, 8, None])  # slot 1's adapter has no expert weights
+    assert not live.covers_all_tokens(experts, 2) and live.covers_all_tokens(attn, 2)
+    live.record_step((7, 9), [7, 8, None])  # adapter 9 is not resident
+    assert not live.covers_all_tokens(attn, 2)
+
+
 def test_wrapped_methods_record_slots_and_steps():
     attn, router, experts = torch.zeros(4), torch.zeros(4), torch.zeros(4)
     mgr = manager_with(attn, router, experts)
