@@ -6,7 +6,8 @@ LoRA work lands on the step's critical path. This measures that cost without vLL
 shapes, 8 adapter slots, rank 32, one layer's
 
 - MoE expert LoRA as the MXFP4 path runs it (``MoELoRALayer.gate_up`` with the folded swiglu
-  and the row map, the complement for rows without expert LoRA, ``MoELoRAStep.down``), and
+  and the row map, then ``MoELoRAStep.down``; the complement for rows without expert LoRA,
+  which steps whose every token has expert LoRA skip, on its own), and
 - dense LoRA of the attention projections (``DenseLoRALayer``: qkv and o),
 
 for token counts that vary from call to call within ``--vary`` (a server's steps differ by a
@@ -84,14 +85,16 @@ def run(ms: list[int], vary: int, calls: int) -> list[dict]:
         counts = [max(1, m - i) for i in range(vary)]  # a token count per call, as steps have
         cases = [moe_case(c, gen) for c in counts]
 
-        def moe_call(i: int) -> None:
+        def moe_call(i: int) -> None:  # every token has expert LoRA: no complement
             ids, rmap, tw, x, y13, act, y2, slots = cases[i % len(cases)]
-            step = moe.gate_up(y13, x, ids, slots, enabled, act=act, row_map=rmap)
-            if step.act_done:
-                swiglu_rows_without_lora(act, y13, ids, slots, enabled, E, row_map=rmap)
-            step.down(y2, act, tw)
+            moe.gate_up(y13, x, ids, slots, enabled, act=act, row_map=rmap).down(y2, act, tw)
 
-        ops = {"MoE (gate_up + complement + down)": moe_call}
+        def complement_call(i: int) -> None:
+            ids, rmap, _, _, y13, act, _, slots = cases[i % len(cases)]
+            swiglu_rows_without_lora(act, y13, ids, slots, enabled, E, row_map=rmap)
+
+        ops = {"MoE gate_up + down": moe_call,
+               "MoE complement (steps with tokens without expert LoRA)": complement_call}
         for name, (k, n) in dense.items():
             xs = [_rnd(gen, c, k) for c in counts]
             ys = [torch.zeros(c, sum(n), dtype=torch.bfloat16, device="cuda") for c in counts]

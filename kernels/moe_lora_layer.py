@@ -31,6 +31,7 @@ class MoELoRALayer:
     ``num_slots`` adapter slots."""
 
     MAX_CALLS = 64
+    MAX_CONFIGS = 8192  # token counts whose config is kept (a server's max batched tokens)
 
     def __init__(self, a13: torch.Tensor | Sequence[torch.Tensor],
                  b13: torch.Tensor | Sequence[torch.Tensor], a2: torch.Tensor,
@@ -42,6 +43,7 @@ class MoELoRALayer:
         self.aligned = aligned16(*self.a13, *self.b13, a2, b2)
         self._up = PlanTable(self.MAX_CALLS)
         self._down = PlanTable(self.MAX_CALLS)
+        self._configs: dict[tuple[int, int], tuple[dict, int]] = {}
 
     def gate_up(self, y13: torch.Tensor, x: torch.Tensor, topk_ids: torch.Tensor,
                 token_lora: torch.Tensor, enabled: torch.Tensor, add_inputs: bool = True,
@@ -55,9 +57,7 @@ class MoELoRALayer:
         and down's input are at ``row_map[t*K+k]`` (``kernels.triton_moe_lora_kernels``); the step
         keeps it for ``down``."""
         m, k = topk_ids.shape
-        cfg = MoELoRAOps.config_for(m, hidden=self.hidden, intermediate=self.intermediate,
-                                    num_experts=self.num_experts, top_k=k, rank=self.rank,
-                                    num_slots=self.num_slots, device=topk_ids.device)
+        cfg, sig = self._config(m, k, topk_ids.device)
         extra = tuple(t for t in (act, row_map) if t is not None)
         fast = (not cfg["naive"] and self.aligned and topk_ids.is_contiguous()
                 and topk_ids.dtype == token_lora.dtype == enabled.dtype == torch.int32
@@ -68,7 +68,7 @@ class MoELoRALayer:
         if fast:
             key = (layout_key(m * k, enabled.shape[0] * self.num_experts, cfg["block_m"],
                               bool(cfg.get("align_parallel"))),
-                   _ops_signature(cfg), k, enabled.shape[0], x.stride(0), y13.stride(0),
+                   sig, k, enabled.shape[0], x.stride(0), y13.stride(0),
                    x.dtype, y13.dtype, add_inputs,
                    None if act is None else (act.stride(0), act.dtype), row_map is not None)
             call = self._up.get(key)
@@ -86,7 +86,7 @@ class MoELoRALayer:
                 self._up.put(key, (layout, bl.align_plans, *ops.launches13, ops.cfg,
                                    ops.use_pdl, act_done))
             return MoELoRAStep(self, ops, fast and not ops.fused and not bl.naive, act_done,
-                               row_map)
+                               row_map, sig)
         (max_blocks, starts, sizes), align_plans, shrink, expand, cfg, pdl, act_done = call
         dev = x.device
         tables = layout_tables(torch.empty(starts[-1], dtype=torch.int32, device=dev), starts,
@@ -105,7 +105,20 @@ class MoELoRALayer:
                                cfg["block_m"], m * k, k, self.num_experts, False, topk_ids,
                                token_lora, enabled, align_plans)
         return MoELoRAStep(self, MoELoRAOps.from_blocks(layout, cfg, pdl), True, act_done,
-                           row_map)
+                           row_map, sig)
+
+    def _config(self, m: int, top_k: int, device: torch.device) -> tuple[dict, int]:
+        """The layer config for ``m`` tokens and its signature id (``_signature_id``), looked
+        up once per token count (a lookup per layer and step otherwise)."""
+        got = self._configs.get((m, top_k))
+        if got is None:
+            cfg = MoELoRAOps.config_for(m, hidden=self.hidden, intermediate=self.intermediate,
+                                        num_experts=self.num_experts, top_k=top_k,
+                                        rank=self.rank, num_slots=self.num_slots, device=device)
+            if len(self._configs) >= self.MAX_CONFIGS:
+                self._configs.clear()
+            got = self._configs[(m, top_k)] = (cfg, _signature_id(cfg))
+        return got
 
 
 class MoELoRAStep:
@@ -114,12 +127,14 @@ class MoELoRAStep:
     wrote the activation of its rows (``act``) instead of adding into ``y13``; ``row_map``:
     where down's input rows are (None: ``t*K+k`` order)."""
 
-    __slots__ = ("layer", "ops", "fast", "act_done", "row_map")
+    __slots__ = ("layer", "ops", "fast", "act_done", "row_map", "sig")
 
     def __init__(self, layer: MoELoRALayer, ops: MoELoRAOps, fast: bool,
-                 act_done: bool = False, row_map: torch.Tensor | None = None) -> None:
+                 act_done: bool = False, row_map: torch.Tensor | None = None,
+                 sig: int | None = None) -> None:
         self.layer, self.ops, self.fast, self.act_done = layer, ops, fast, act_done
         self.row_map = row_map
+        self.sig = _signature_id(ops.cfg) if sig is None else sig
 
     def down(self, y2: torch.Tensor, h: torch.Tensor, topk_weights: torch.Tensor,
              add_inputs: bool = True) -> None:
@@ -128,8 +143,7 @@ class MoELoRAStep:
         layer, ops, rmap = self.layer, self.ops, self.row_map
         bl = ops.blocks
         tw = topk_weights.reshape(-1)
-        key = (bl.max_blocks, bl.block_m, ops.cfg["shrink2"], ops.cfg["expand2"], ops.use_pdl,
-               bl.top_k, h.stride(0), y2.stride(0), h.dtype, y2.dtype, tw.dtype, add_inputs,
+        key = (bl.max_blocks, bl.block_m, self.sig, ops.use_pdl, bl.top_k, h.stride(0), y2.stride(0), h.dtype, y2.dtype, tw.dtype, add_inputs,
                rmap is not None)
         fast = self.fast and aligned16(h, y2, tw)
         call = layer._down.get(key) if fast else None
@@ -149,8 +163,13 @@ class MoELoRAStep:
         expand.launch(stream, y2, y2, layer.b2, layer.b2, part, part, tw, *blocks, bl.topk_ids)
 
 
-def _ops_signature(cfg: dict) -> tuple:
-    """What of a layer config a kept step depends on (configs are looked up per token count:
-    equal ones of two counts are different objects)."""
-    return (cfg["block_m"], bool(cfg.get("pdl")), bool(cfg.get("align_parallel")),
-            cfg["shrink13"], cfg["expand13"], cfg["shrink2"], cfg["expand2"])
+_SIGNATURES: dict[tuple, int] = {}
+
+
+def _signature_id(cfg: dict) -> int:
+    """A small int standing for what of a layer config a kept step depends on (configs are
+    looked up per token count: equal ones of two counts are different objects, and hashing
+    their op configs per call costs more than the lookup it keys)."""
+    sig = (cfg["block_m"], bool(cfg.get("pdl")), bool(cfg.get("align_parallel")),
+           cfg["shrink13"], cfg["expand13"], cfg["shrink2"], cfg["expand2"])
+    return _SIGNATURES.setdefault(sig, len(_SIGNATURES))
