@@ -10,7 +10,10 @@ every request on an adapter, then on none:
   (1: the step a new request brings while serving; 5 x 1600: the 8192-token steps of a burst of
   new requests; beyond the CUDA-graph sizes, so torch.compile's graphs run eagerly);
 - *decode*: ``--prompts`` requests of 32 tokens decoding ``--decode-steps`` tokens together
-  (CUDA graphs; the profiler sees the kernels inside them).
+  (CUDA graphs; the profiler sees the kernels inside them);
+- *mixed* (``--mixed N``): N new prompts, one at a time, each joining ``--prompts - 1``
+  running decodes, as in a server's steady state (``benchmarks.mixed_steps``): TTFT and each
+  forward's host time and device span; ``--trace DIR`` adds a Chrome trace of two such steps.
 
 Both passes run on the LoRA engine; ``--base-engine`` also runs them on an engine without LoRA
 (in a child process: the base a served model without adapters runs, and what "added" is then
@@ -38,7 +41,9 @@ from benchmarks.gpt_oss_dummy import (ENGINE_ARGS, adapter_requests, add_run_arg
                                       in_process_engine_env, lora_engine, random_prompts,
                                       use_balanced_dummy_weights, write_adapters,
                                       write_model_dir)
-from benchmarks.mixed_steps import mixed_pass, print_mixed_table
+from benchmarks.host_profile import host_profile
+from benchmarks.mixed_steps import print_mixed_table, run_mixed, trace_file
+from benchmarks.runtime_calls import print_runtime_table, runtime_calls
 
 # (family, pattern on the kernel name), first match wins
 FAMILIES = [
@@ -74,24 +79,6 @@ def kernel_ms(events) -> dict[str, tuple[float, int]]:
     return {k: (v[0], v[1]) for k, v in out.items()}
 
 
-SYNCING_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
-                 "cudaMemcpy", "cudaMemset", "cudaHostAlloc", "cudaMallocHost", "cudaMalloc",
-                 "cudaFree", "cudaFreeHost", "cudaHostRegister")
-
-
-def runtime_calls(events) -> dict[str, tuple[float, int]]:
-    """Host milliseconds and calls per CUDA runtime / driver API function (``cuda*``, ``cu*``:
-    launches, copies, synchronisations, allocations) over ``torch.profiler`` events recorded
-    with CPU activity: where the host waits for the GPU or the driver."""
-    out: dict[str, list] = defaultdict(lambda: [0.0, 0])
-    for ev in events:
-        name = ev.name
-        if str(getattr(ev, "device_type", "")).endswith("CPU") and name.startswith("cu"):
-            out[name][0] += (ev.cpu_time_total or 0.0) / 1e3
-            out[name][1] += 1
-    return {k: (v[0], v[1]) for k, v in out.items()}
-
-
 def runtime_pass(llm, batches, max_tokens: int, loras: bool, paths) -> dict:
     """``run_batches`` under the profiler with CPU activity: ``runtime_calls`` of the pass."""
     import torch
@@ -100,23 +87,6 @@ def runtime_pass(llm, batches, max_tokens: int, loras: bool, paths) -> dict:
     with torch.profiler.profile(activities=acts) as prof:
         run_batches(llm, batches, max_tokens, loras, paths)
     return runtime_calls(prof.events())
-
-
-def print_runtime_table(title: str, steps: int, columns: dict[str, dict]) -> None:
-    """Per-step host ms and calls of each CUDA API function in each column; functions that
-    wait for the GPU or allocate (``SYNCING_CALLS``) marked."""
-    labels = list(columns)
-    names = sorted(set().union(*columns.values()),
-                   key=lambda n: -max(c.get(n, (0.0, 0))[0] for c in columns.values()))
-    print(f"\n{title}: CUDA API calls on the host, ms / calls per step ({steps} steps; * may "
-          "wait for the GPU or allocate)")
-    print("| call | " + " | ".join(labels) + " |")
-    print("|---|" + "---|" * len(labels))
-    for n in names:
-        mark = " *" if n.startswith(SYNCING_CALLS) else ""
-        cells = [f"{c.get(n, (0.0, 0))[0] / steps:.3f} / {c.get(n, (0.0, 0))[1] / steps:.1f}"
-                 for c in columns.values()]
-        print(f"| `{n}`{mark} | " + " | ".join(cells) + " |")
 
 
 def family_ms(events) -> dict[str, float]:
@@ -228,15 +198,6 @@ def base_engine_passes() -> dict[str, tuple[dict, float]]:
             for name, val in raw.items()}
 
 
-def run_mixed(llm, args, loras) -> dict:
-    """``mixed_pass`` of ``--mixed`` prompts after a warm-up pass of two: ``--prompts - 1``
-    decoders of 32 tokens (``loras``: their adapters, or None)."""
-    decoders = random_prompts(args.prompts - 1, 32, seed=2)
-    prompts = random_prompts(args.mixed + 2, args.prompt_len, seed=3)
-    mixed_pass(llm, decoders, prompts[:2], loras, tag="warm")
-    return mixed_pass(llm, decoders, prompts[2:], loras)
-
-
 def child_base(args, model, out: str) -> None:
     """``base_engine_passes``' child: the phases without adapters on a LoRA-less engine, written
     to ``out`` as JSON."""
@@ -248,12 +209,12 @@ def child_base(args, model, out: str) -> None:
         if args.runtime_calls:
             result[f"{name} runtime"] = runtime_pass(llm, batches, max_tokens, False, [])
     if args.mixed:
-        result["mixed"] = run_mixed(llm, args, None)
+        result["mixed"] = run_mixed(llm, args, None, trace=trace_file(args, "LoRA off"))
     with open(out, "w") as f:
         json.dump(result, f)
     if args.cprofile:  # the base engine's host time, printed here (same output stream)
-        host_profile(llm, phases(args)[0][1], [], args.cprofile, args.cprofile_dir,
-                     passes=(("LoRA off", False),))
+        host_profile(host_passes(llm, args, [], (("LoRA off", False),)), args.cprofile,
+                     args.cprofile_dir)
 
 
 def main() -> None:
@@ -272,8 +233,8 @@ def main() -> None:
                          "of its own, as a server's steps (which launches stay prepared shows)")
     ap.add_argument("--top", type=int, default=12)
     ap.add_argument("--cprofile", type=int, default=0, metavar="N",
-                    help="also profile the prefill passes' Python (host) time: top N functions "
-                         "(with --base-engine also the LoRA-off engine's)")
+                    help="also profile the prefill (and --mixed) passes' Python (host) time: "
+                         "top N functions (with --base-engine also the LoRA-off engine's)")
     ap.add_argument("--cprofile-dir", default=None,
                     help="with --cprofile: also write the raw stats (pstats files) here")
     ap.add_argument("--runtime-calls", action="store_true",
@@ -284,6 +245,9 @@ def main() -> None:
                          "--prompts - 1 running decodes (the serving steady phase's slow step): "
                          "TTFT and the forwards' host time and device span "
                          "(benchmarks.mixed_steps)")
+    ap.add_argument("--trace", default=None, metavar="DIR",
+                    help="with --mixed: also a Chrome trace (host and kernels, .json.gz) of two "
+                         "mixed steps per column, written here")
     ap.add_argument("--mixed-only", action="store_true",
                     help="with --mixed: skip the prefill and decode profiles")
     ap.add_argument("--child-base", default=None, help=argparse.SUPPRESS)
@@ -319,47 +283,37 @@ def main() -> None:
             print_runtime_table(f"{label}: {name}", steps, calls)
             report[f"{name} runtime"] = calls
     if args.mixed:
-        columns = {"with adapters": run_mixed(llm, args, adapter_requests(paths, args.adapters)),
-                   "LoRA on, no adapter": run_mixed(llm, args, None)}
+        columns = {"with adapters": run_mixed(llm, args, adapter_requests(paths, args.adapters),
+                                              trace=trace_file(args, "with adapters")),
+                   "LoRA on, no adapter": run_mixed(llm, args, None,
+                                                    trace=trace_file(args, "no adapter"))}
         if "mixed" in base:
             columns["LoRA off"] = base["mixed"]
         print_mixed_table(f"{label}: {args.prompts - 1} decodes + 1 x {args.prompt_len} tokens",
                           columns)
         report["mixed"] = columns
     if args.cprofile:
-        report["host"] = host_profile(llm, phases(args)[0][1], paths, args.cprofile,
-                                      args.cprofile_dir)
+        report["host"] = host_profile(
+            host_passes(llm, args, paths, (("with adapters", True), ("without", False))),
+            args.cprofile, args.cprofile_dir)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
 
 
-def host_profile(llm, batches, paths, top: int, dump_dir: str | None = None,
-                 passes=(("with adapters", True), ("without", False))) -> dict:
-    """The prefill passes (``(label, with adapters)`` each) under ``cProfile``: where the host's
-    time goes in a step that runs without CUDA graphs. Prints the top functions by own time and
-    by cumulative time; ``dump_dir``: also the raw stats, ``prefill_<label>.pstats``."""
-    import cProfile
-    import io
-    import pstats
-
-    out = {}
-    for label, loras in passes:
-        prof = cProfile.Profile()
-        prof.enable()
-        run_batches(llm, batches, 1, loras, paths)
-        prof.disable()
-        if dump_dir:
-            os.makedirs(dump_dir, exist_ok=True)
-            prof.dump_stats(os.path.join(dump_dir, f"prefill_{label.replace(' ', '_')}.pstats"))
-        for order, only in (("tottime", None), ("cumulative", None), ("cumulative", "kernels")):
-            buf = io.StringIO()
-            stats = pstats.Stats(prof, stream=buf).sort_stats(order)
-            stats.print_stats(*((only,) if only else ()), top)  # only: loraplex's functions
-            what = f"{order}, loraplex's functions" if only else order
-            print(f"\nhost profile, prefill {label} ({len(batches)} steps), by {what}:")
-            print("\n".join(buf.getvalue().splitlines()[-top - 3:]))
-            out[f"{label}, {what}"] = buf.getvalue()
+def host_passes(llm, args, paths, columns) -> list[tuple[str, object]]:
+    """``(label, pass)`` for ``host_profile``: per column ``(label, with adapters)`` the prefill
+    passes (steps run without CUDA graphs) and, with ``--mixed``, a mixed pass without decode
+    steps between the prompts."""
+    out = []
+    prefill = phases(args)[0][1] if phases(args) else None
+    for label, loras in columns:
+        if prefill:
+            out.append((f"prefill {label}", lambda loras=loras: run_batches(
+                llm, prefill, 1, loras, paths)))
+        if args.mixed:
+            reqs = adapter_requests(paths, args.adapters) if loras else None
+            out.append((f"mixed {label}", lambda reqs=reqs: run_mixed(llm, args, reqs, gap=0)))
     return out
 
 

@@ -14,10 +14,12 @@ forwards (more rows than ``decode_rows``) against the decode ones.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 
 from benchmarks.forward_timer import ForwardTimer, summarize
+from benchmarks.gpt_oss_dummy import random_prompts
 
 
 def _step_until(engine, done, limit: int = 10_000) -> None:
@@ -74,6 +76,28 @@ def mixed_pass(llm, decoders: list[list[int]], prompts: list[list[int]], loras: 
             "decode": summarize(timer.records, max_tokens=decode_rows)}
 
 
+def traced_pass(llm, decoders: list[list[int]], prompts: list[list[int]], loras: list | None,
+                path: str, tag: str = "t") -> None:
+    """``mixed_pass`` under ``torch.profiler`` (host activity and CUDA kernels), written as a
+    gzip-compressed Chrome trace to ``path`` (``.json.gz``): the host's launches against the
+    GPU's kernels, step by step, for reading where the GPU waits."""
+    import gzip
+    import os
+    import shutil
+    import tempfile
+
+    import torch
+
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=acts) as prof:
+        mixed_pass(llm, decoders, prompts, loras, gap_steps=1, tag=tag)
+    with tempfile.TemporaryDirectory() as tmp:
+        raw = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(raw)
+        with open(raw, "rb") as src, gzip.open(path, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+
+
 def print_mixed_table(title: str, columns: dict[str, dict]) -> None:
     """One row per column (``mixed_pass`` results): TTFT, and the mixed and decode forwards'
     host time, device span and whole-step host time."""
@@ -89,3 +113,25 @@ def print_mixed_table(title: str, columns: dict[str, dict]) -> None:
         dec = f"{d['host_ms']:.2f} / {d['device_ms']:.2f}" if d["count"] else "—"
         print(f"| {label} | {statistics.fmean(t):.1f} / {statistics.median(t):.1f} | {mixed} "
               f"| {step} | {dec} |")
+
+
+def run_mixed(llm, args, loras, gap: int = 2, trace: str | None = None) -> dict:
+    """``mixed_pass`` of ``--mixed`` prompts after a warm-up pass of two: ``--prompts - 1``
+    decoders of 32 tokens (``loras``: their adapters, or None), ``gap`` decode-only steps
+    between prompts; ``trace``: then a pass of two prompts traced into that file
+    (``traced_pass``)."""
+    decoders = random_prompts(args.prompts - 1, 32, seed=2)
+    prompts = random_prompts(args.mixed + 2, args.prompt_len, seed=3)
+    mixed_pass(llm, decoders, prompts[:2], loras, tag="warm")
+    result = mixed_pass(llm, decoders, prompts[2:], loras, gap_steps=gap)
+    if trace:
+        traced_pass(llm, decoders, prompts[:2], loras, trace)
+    return result
+
+
+def trace_file(args, label: str) -> str | None:
+    """Where ``--trace DIR`` puts the mixed pass's trace of a column (None without it)."""
+    if not args.trace:
+        return None
+    os.makedirs(args.trace, exist_ok=True)
+    return os.path.join(args.trace, f"mixed_{label.replace(' ', '_').replace(',', '')}.json.gz")

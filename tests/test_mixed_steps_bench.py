@@ -2,10 +2,11 @@
 engine with the embedded tiny model, in a fresh process (the engine core must run in-process
 for the forward timer): every new prompt gets its first token in a forward that also carries
 the running decodes, the decode-only steps between are timed too, and nothing is left
-running."""
+running; the traced pass writes a Chrome trace and the host profile prints."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import subprocess
@@ -25,7 +26,8 @@ SCRIPT = f"""
 import json, sys
 from vllm import LLM
 from vllm.lora.request import LoRARequest
-from benchmarks.mixed_steps import mixed_pass
+from benchmarks.host_profile import host_profile
+from benchmarks.mixed_steps import mixed_pass, traced_pass
 
 model, attention, experts = sys.argv[1:4]
 llm = LLM(model=model, dtype="float32", enable_lora=True, max_lora_rank=16, max_loras=2,
@@ -38,6 +40,9 @@ runs = {{"with": mixed_pass(llm, decoders, prompts, loras, gap_steps=2,
         "without": mixed_pass(llm, decoders, prompts, None, gap_steps=2,
                               decode_rows={DECODE_ROWS}, tag="n")}}
 runs["left"] = llm.llm_engine.has_unfinished_requests()
+traced_pass(llm, decoders, prompts[:2], loras, sys.argv[4])
+host_profile([("mixed with adapters", lambda: mixed_pass(llm, decoders, prompts[:2], loras,
+                                                         gap_steps=0, tag="c"))], 5)
 print("RESULT " + json.dumps(runs))
 """
 
@@ -50,8 +55,9 @@ def test_each_new_prompt_runs_with_the_decodes_and_is_timed(tmp_path, embedded_m
     convert_adapter_dir(demo_adapter_sources["acme-experts"], experts)  # as the registry serves it
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0",
                PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    trace = tmp_path / "mixed.json.gz"
     proc = subprocess.run([sys.executable, "-c", SCRIPT, str(embedded_model_dir),
-                           str(demo_adapter_sources["acme-support"]), str(experts)],
+                           str(demo_adapter_sources["acme-support"]), str(experts), str(trace)],
                           env=env, capture_output=True, text=True, timeout=900, cwd=ROOT)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stderr[-3000:]
@@ -69,6 +75,11 @@ def test_each_new_prompt_runs_with_the_decodes_and_is_timed(tmp_path, embedded_m
         for part in (mixed, decode):
             assert part["host_ms"] > 0 and part["device_ms"] > 0
             assert part["step_host_ms"] >= part["host_ms"]  # the step holds its forward
+    with gzip.open(trace, "rt") as f:  # the traced pass: host ops of its engine steps
+        events = json.load(f)["traceEvents"]
+    assert any("execute_model" in str(e.get("name", "")) or e.get("cat") == "cpu_op"
+               for e in events)
+    assert "host profile, mixed with adapters, by cumulative, loraplex's functions:" in proc.stdout
     print_mixed_table("tiny", {"with adapters": runs["with"], "no adapter": runs["without"]})
     table = capsys.readouterr().out
     assert "| with adapters |" in table and "| no adapter |" in table
