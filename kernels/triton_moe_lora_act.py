@@ -23,7 +23,7 @@ import triton.language as tl
 
 from kernels.moe_lora_align import _row_keys
 from kernels.reference import SWIGLUOAI_ALPHA, SWIGLUOAI_LIMIT
-from kernels.triton_launch import CachedLauncher, cdiv
+from kernels.triton_launch import CachedLauncher, PlanTable, aligned16, cdiv, next_pow2, raw_stream
 from kernels.triton_lora_common import row_map_arg
 
 BLOCK_ROWS, BLOCK_COLS = 16, 128
@@ -67,6 +67,16 @@ def _swiglu_rows_without_lora_kernel(
 
 
 _COMPLEMENT = CachedLauncher(_swiglu_rows_without_lora_kernel)
+_COMPLEMENT_PLANS = PlanTable(256)  # kept launches by grid bucket and fixed arguments
+_LEAD = 7  # act, y13, topk_ids, token_lora, enabled, row map, num_rows: given per launch
+GRID_GRAIN = 64  # row blocks: token counts within one grain share a kept launch
+
+
+def complement_grid_rows(num_rows: int) -> int:
+    """Row blocks of the complement's grid for ``num_rows`` pairs: a power of two up to
+    ``GRID_GRAIN``, a multiple of it beyond (programs past ``num_rows`` exit at once)."""
+    blocks = max(1, cdiv(num_rows, BLOCK_ROWS))
+    return next_pow2(blocks) if blocks <= GRID_GRAIN else cdiv(blocks, GRID_GRAIN) * GRID_GRAIN
 
 
 def swiglu_rows_without_lora(act: torch.Tensor, y13: torch.Tensor, topk_ids: torch.Tensor,
@@ -77,12 +87,25 @@ def swiglu_rows_without_lora(act: torch.Tensor, y13: torch.Tensor, topk_ids: tor
     """``act [M*K, I]`` of the rows without expert LoRA from ``y13 [M*K, 2I]`` (``topk_ids
     [M, K]`` int32, ``token_lora [>=M]`` slot or -1, ``enabled [L]``): what the fused expand
     leaves to do. ``row_map [M*K]`` int32: pair ``t*K+k``'s rows of ``y13`` and ``act`` are
-    ``row_map[t*K+k]``. Grid depends only on M (CUDA-graph safe)."""
+    ``row_map[t*K+k]``. Grid depends only on M (CUDA-graph safe); token counts within one
+    grid bucket (``complement_grid_rows``) share a kept launch."""
     rows, top_k = topk_ids.numel(), topk_ids.shape[1]
     half_n = act.shape[1]
     assert y13.shape[1] == 2 * half_n and act.stride(1) == 1 and y13.stride(1) == 1
     rm = row_map_arg(row_map, topk_ids, rows)
-    _COMPLEMENT((max(1, cdiv(rows, BLOCK_ROWS)), cdiv(half_n, BLOCK_COLS)), act, y13, topk_ids,
-                token_lora, enabled, rm, rows, top_k, num_experts, half_n, act.stride(0),
-                y13.stride(0), float(alpha), float(limit), num_warps=4, BM=BLOCK_ROWS,
-                BN=BLOCK_COLS, ROW_MAP=row_map is not None)
+    lead = (act, y13, topk_ids, token_lora, enabled, rm, rows)
+    grid = (complement_grid_rows(rows), cdiv(half_n, BLOCK_COLS))
+    fixed = (top_k, num_experts, half_n, act.stride(0), y13.stride(0), float(alpha),
+             float(limit))
+    key = None
+    if aligned16(act, y13, topk_ids, token_lora, enabled, rm) and rows < 2**31:
+        key = (grid, fixed, tuple(t.dtype for t in lead[:6]), row_map is not None, act.device)
+        plan = _COMPLEMENT_PLANS.get(key)
+        if plan is not None:
+            plan.launch(raw_stream(act.device), *lead)
+            return
+    kwargs = dict(num_warps=4, BM=BLOCK_ROWS, BN=BLOCK_COLS, ROW_MAP=row_map is not None)
+    if key is None:  # a tensor off the 16-byte grid: Triton's own specialisation, every call
+        _COMPLEMENT(grid, *lead, *fixed, **kwargs)
+    else:
+        _COMPLEMENT_PLANS.put(key, _COMPLEMENT.prepare(grid, *lead, *fixed, lead=_LEAD, **kwargs))

@@ -138,6 +138,40 @@ def test_folded_activation_and_complement_through_a_row_map(config, tokens):
     assert len(spare) == 2 and acts[1][spare].isnan().all()
 
 
+def test_complement_kept_launch_serves_nearby_token_counts(monkeypatch):
+    """The complement alone against torch for 13, 12 and 13 tokens again (one grid bucket: the
+    first call prepares the launch, the others reuse it with their own tensors and row count):
+    GPT-OSS's activation at the mapped row of every pair without expert LoRA (no adapter, a
+    slot without expert LoRA), nothing anywhere else."""
+    from kernels import triton_moe_lora_act as act_mod
+    from kernels.triton_launch import PlanTable
+
+    monkeypatch.setattr(act_mod, "_COMPLEMENT_PLANS", PlanTable(256))
+    prepared = []
+    real_prepare = act_mod._COMPLEMENT.prepare
+    monkeypatch.setattr(act_mod._COMPLEMENT, "prepare",
+                        lambda *a, **k: prepared.append(1) or real_prepare(*a, **k))
+    for tokens in (13, 12, 13):
+        p = problem(tokens, 1, seed=tokens)
+        experts, _, inter, _, _ = p["dims"]
+        ids, lora, enabled, rmap = p["ids"], p["lora"], p["enabled"], p["row_map"]
+        y13 = p["y13"]
+        act = torch.full((y13.shape[0], inter), float("nan"), device=DEV)
+        swiglu_rows_without_lora(act, y13, ids, lora, enabled, experts, row_map=rmap)
+        want = torch.full_like(act, float("nan"))
+        k = ids.shape[1]
+        for pair in range(ids.numel()):
+            slot, row = int(lora[pair // k]), int(rmap[pair])
+            if row < 0 or (slot >= 0 and int(enabled[slot])):
+                continue  # padding pair, or a row the expand writes
+            gate = y13[row, 0::2].float().clamp(max=7.0)
+            up = y13[row, 1::2].float().clamp(-7.0, 7.0)
+            want[row] = gate * torch.sigmoid(1.702 * gate) * (up + 1)
+        assert not want.isnan().all()
+        assert torch.allclose(act, want, rtol=1e-5, atol=1e-5, equal_nan=True)
+    assert len(prepared) == 1 and len(act_mod._COMPLEMENT_PLANS.plans) == 1  # kept for all
+
+
 @pytest.mark.parametrize("config", ["sorted", "parallel"])
 def test_layer_kept_launches_carry_the_row_map(config, monkeypatch):
     """``MoELoRALayer``: the first step of a size goes through ``MoELoRAOps``, repeat steps
