@@ -82,7 +82,6 @@ def traced_pass(llm, decoders: list[list[int]], prompts: list[list[int]], loras:
     gzip-compressed Chrome trace to ``path`` (``.json.gz``): the host's launches against the
     GPU's kernels, step by step, for reading where the GPU waits."""
     import gzip
-    import os
     import shutil
     import tempfile
 

@@ -143,8 +143,8 @@ class MoELoRAStep:
         layer, ops, rmap = self.layer, self.ops, self.row_map
         bl = ops.blocks
         tw = topk_weights.reshape(-1)
-        key = (bl.max_blocks, bl.block_m, self.sig, ops.use_pdl, bl.top_k, h.stride(0), y2.stride(0), h.dtype, y2.dtype, tw.dtype, add_inputs,
-               rmap is not None)
+        key = (bl.max_blocks, bl.block_m, self.sig, ops.use_pdl, bl.top_k, h.stride(0),
+               y2.stride(0), h.dtype, y2.dtype, tw.dtype, add_inputs, rmap is not None)
         fast = self.fast and aligned16(h, y2, tw)
         call = layer._down.get(key) if fast else None
         if call is None:

@@ -23,7 +23,8 @@ import triton.language as tl
 
 from kernels.moe_lora_align import _row_keys
 from kernels.reference import SWIGLUOAI_ALPHA, SWIGLUOAI_LIMIT
-from kernels.triton_launch import CachedLauncher, PlanTable, aligned16, cdiv, next_pow2, raw_stream
+from kernels.triton_launch import (CachedLauncher, PlanTable, aligned16, cdiv, next_pow2,
+                                   raw_stream)
 from kernels.triton_lora_common import row_map_arg
 
 BLOCK_ROWS, BLOCK_COLS = 16, 128

@@ -38,7 +38,7 @@ prompts = [[300 + 11 * j + k for k in range({PROMPT_LEN})] for j in range(3)]
 runs = {{"with": mixed_pass(llm, decoders, prompts, loras, gap_steps=2,
                             decode_rows={DECODE_ROWS}),
         "without": mixed_pass(llm, decoders, prompts, None, gap_steps=2,
-                              decode_rows={DECODE_ROWS}, tag="n")}}
+                              decode_rows={DECODE_ROWS})}}  # the same request ids again
 runs["left"] = llm.llm_engine.has_unfinished_requests()
 traced_pass(llm, decoders, prompts[:2], loras, sys.argv[4])
 host_profile([("mixed with adapters", lambda: mixed_pass(llm, decoders, prompts[:2], loras,
