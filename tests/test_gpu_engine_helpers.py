@@ -102,7 +102,7 @@ def test_kernel_families_and_device_time_only():
 def test_runtime_calls_count_host_side_cuda_api_calls_only(capsys):
     from types import SimpleNamespace
 
-    from benchmarks.gpu_step_profile import print_runtime_table, runtime_calls
+    from benchmarks.runtime_calls import print_runtime_table, runtime_calls
 
     def ev(name, kind, us):
         return SimpleNamespace(name=name, device_type=f"DeviceType.{kind}", cpu_time_total=us)
@@ -144,18 +144,20 @@ def test_prefill_phase_packs_prompts_per_step_within_the_step_budget():
 
     from benchmarks.gpu_step_profile import phases
 
-    args = Namespace(prompts=16, prompt_len=1600, prompts_per_step=5, decode_steps=4,
-                     vary_len=0)
-    (name, batches, max_tokens, steps), decode = phases(args)
+    def args(**kw):
+        base = dict(prompts=16, prompt_len=1600, prompts_per_step=5, decode_steps=4,
+                    vary_len=0, mixed_only=False)
+        return Namespace(**{**base, **kw})
+
+    (name, batches, max_tokens, steps), decode = phases(args())
     assert (name, max_tokens, steps) == ("prefill", 1, 3)
     assert [len(b) for b in batches] == [5, 5, 5] and len(batches[0][0]) == 1600
     assert decode[0] == "decode" and decode[3] == 4 and len(decode[1][0]) == 16
     with pytest.raises(SystemExit, match="exceeds the engine's 8192 tokens"):
-        phases(Namespace(prompts=16, prompt_len=1600, prompts_per_step=6, decode_steps=4,
-                         vary_len=0))
-    varied, _ = phases(Namespace(prompts=6, prompt_len=1600, prompts_per_step=1,
-                                 decode_steps=4, vary_len=3))
+        phases(args(prompts_per_step=6))
+    varied, _ = phases(args(prompts=6, prompts_per_step=1, vary_len=3))
     assert [len(b[0]) for b in varied[1]] == [1600, 1599, 1598, 1597, 1600, 1599]
+    assert phases(args(mixed_only=True)) == []  # --mixed-only: no prefill or decode profile
 
 
 @pytest.mark.parametrize("tokens,requests", [(16, 16), (1616, 2), (8192, 6)])
