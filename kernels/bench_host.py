@@ -93,7 +93,11 @@ def run(ms: list[int], vary: int, calls: int) -> list[dict]:
             ids, rmap, _, _, y13, act, _, slots = cases[i % len(cases)]
             swiglu_rows_without_lora(act, y13, ids, slots, enabled, E, row_map=rmap)
 
-        ops = {"MoE gate_up + down": moe_call,
+        def gate_up_call(i: int) -> None:
+            ids, rmap, _, x, y13, act, _, slots = cases[i % len(cases)]
+            moe.gate_up(y13, x, ids, slots, enabled, act=act, row_map=rmap)
+
+        ops = {"MoE gate_up": gate_up_call, "MoE gate_up + down": moe_call,
                "MoE complement (steps with tokens without expert LoRA)": complement_call}
         for name, (k, n) in dense.items():
             xs = [_rnd(gen, c, k) for c in counts]
