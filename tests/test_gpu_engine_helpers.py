@@ -170,3 +170,40 @@ def test_mapping_workload_is_one_adapter_per_request(tokens, requests):
     per_request = 1 if tokens < 256 else 1600
     for t, lora_id in enumerate(mapping.index_mapping):
         assert lora_id == mapping.prompt_mapping[min(t // per_request, requests - 1)]
+
+
+def test_trace_gaps_splits_steps_and_charges_idle_time_to_the_launching_op(tmp_path, capsys):
+    import gzip
+    import json
+
+    from benchmarks.trace_gaps import report
+
+    def op(name, ts, dur, tid=1):
+        return {"ph": "X", "cat": "cpu_op", "name": name, "ts": ts, "dur": dur, "tid": tid}
+
+    def launch(corr, ts, tid=1):
+        return {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": ts,
+                "dur": 2, "tid": tid, "args": {"correlation": corr}}
+
+    def kernel(name, corr, ts, dur):
+        return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur, "tid": 7,
+                "args": {"correlation": corr}}
+
+    events = [op("vllm::moe_forward", 0, 100), op("aten::mm", 1, 5), launch(1, 2),
+              op("vllm::loraplex_dense_lora_linear", 20, 20), launch(2, 25), launch(3, 41),
+              kernel("gemm", 1, 10, 10), kernel("_dense_lora_shrink_kernel", 2, 40, 10),
+              kernel("moe", 3, 55, 5),  # 5 µs idle before it
+              kernel("gemm", 4, 6000, 10), {"ph": "M", "name": "process_name"}]
+    path = tmp_path / "t.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    got = report(str(path), step_gap_ms=2.0, min_kernels=2)
+    assert [s["kernels"] for s in got["steps"]] == [3, 1]  # 5.9 ms apart: two steps
+    first = got["steps"][0]
+    assert abs(first["span_ms"] - 0.050) < 1e-9 and abs(first["busy_ms"] - 0.025) < 1e-9
+    assert got["idle_by_kernel"] == {"_dense_lora_shrink_kernel": 20.0, "moe": 5.0}
+    # the runtime call at 25 µs lies inside the dense op (innermost), the one at 41 µs in
+    # moe_forward only
+    assert got["idle_by_op"] == {"vllm::loraplex_dense_lora_linear": 20.0,
+                                 "vllm::moe_forward": 5.0}
+    assert "| 0 | 3 | 0.05 | 0.03 | 0.03 |" in capsys.readouterr().out

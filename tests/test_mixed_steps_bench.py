@@ -50,6 +50,7 @@ print("RESULT " + json.dumps(runs))
 def test_each_new_prompt_runs_with_the_decodes_and_is_timed(tmp_path, embedded_model_dir,
                                                             demo_adapter_sources, capsys):
     from benchmarks.mixed_steps import print_mixed_table
+    from benchmarks.trace_gaps import report
 
     experts = tmp_path / "experts"
     convert_adapter_dir(demo_adapter_sources["acme-experts"], experts)  # as the registry serves it
@@ -80,6 +81,7 @@ def test_each_new_prompt_runs_with_the_decodes_and_is_timed(tmp_path, embedded_m
     assert any("execute_model" in str(e.get("name", "")) or e.get("cat") == "cpu_op"
                for e in events)
     assert "host profile, mixed with adapters, by cumulative, loraplex's functions:" in proc.stdout
+    assert report(str(trace))["steps"] == []  # no GPU kernels on CPU: nothing to split
     print_mixed_table("tiny", {"with adapters": runs["with"], "no adapter": runs["without"]})
     table = capsys.readouterr().out
     assert "| with adapters |" in table and "| no adapter |" in table
