@@ -23,7 +23,7 @@ import triton.language as tl
 
 from kernels.moe_lora_align import _row_keys
 from kernels.reference import SWIGLUOAI_ALPHA, SWIGLUOAI_LIMIT
-from kernels.triton_launch import (CachedLauncher, PlanTable, aligned16, cdiv, next_pow2,
+from kernels.triton_launch import (CachedLauncher, LaunchPlans, aligned16, cdiv, next_pow2,
                                    raw_stream)
 from kernels.triton_lora_common import row_map_arg
 
@@ -68,7 +68,7 @@ def _swiglu_rows_without_lora_kernel(
 
 
 _COMPLEMENT = CachedLauncher(_swiglu_rows_without_lora_kernel)
-_COMPLEMENT_PLANS = PlanTable(256)  # kept launches by grid bucket and fixed arguments
+_COMPLEMENT_PLANS = LaunchPlans(_COMPLEMENT, 256)  # kept launches by grid bucket, fixed args
 _LEAD = 7  # act, y13, topk_ids, token_lora, enabled, row map, num_rows: given per launch
 GRID_GRAIN = 64  # row blocks: token counts within one grain share a kept launch
 
@@ -109,4 +109,4 @@ def swiglu_rows_without_lora(act: torch.Tensor, y13: torch.Tensor, topk_ids: tor
     if key is None:  # a tensor off the 16-byte grid: Triton's own specialisation, every call
         _COMPLEMENT(grid, *lead, *fixed, **kwargs)
     else:
-        _COMPLEMENT_PLANS.put(key, _COMPLEMENT.prepare(grid, *lead, *fixed, lead=_LEAD, **kwargs))
+        _COMPLEMENT_PLANS.launch_new(key, grid, lead + fixed, kwargs, _LEAD)

@@ -144,9 +144,9 @@ def test_complement_kept_launch_serves_nearby_token_counts(monkeypatch):
     GPT-OSS's activation at the mapped row of every pair without expert LoRA (no adapter, a
     slot without expert LoRA), nothing anywhere else."""
     from kernels import triton_moe_lora_act as act_mod
-    from kernels.triton_launch import PlanTable
+    from kernels.triton_launch import LaunchPlans
 
-    monkeypatch.setattr(act_mod, "_COMPLEMENT_PLANS", PlanTable(256))
+    monkeypatch.setattr(act_mod, "_COMPLEMENT_PLANS", LaunchPlans(act_mod._COMPLEMENT, 256))
     prepared = []
     real_prepare = act_mod._COMPLEMENT.prepare
     monkeypatch.setattr(act_mod._COMPLEMENT, "prepare",
