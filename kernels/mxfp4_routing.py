@@ -5,8 +5,8 @@ rebuild ``matmul_ogs``' routing data from them (``make_routing_data``): the ids 
 weights to bf16, a zeroed bit matrix, the bit packing, ``ids == -1``, a ``where`` for the
 weights of padding ids, and a zeroed histogram scratchpad — seven launches per MoE layer before
 the sort, ~9 µs per layer at decode, more than the sort itself. ``routing_inputs`` writes all of
-those tensors in one launch; ``routing_data`` hands them to triton_kernels' own sort
-(``routing_from_bitmatrix``), so the routing data is the same as vLLM's, field for field.
+those tensors in one launch; ``routing_data`` hands them to triton_kernels' own sort kernels
+(``kernels.mxfp4_sort``), so the routing data is the same as vLLM's, field for field.
 
 Shapes: ``topk_ids [M, K]`` (int32 or int64, -1 = no expert), ``topk_weights [M, K]`` float;
 ``E`` experts. Bit matrix ``[M, ceil(E / 32)]`` uint32: bit ``e % 32`` of word ``e // 32`` set
@@ -16,6 +16,8 @@ bits.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -23,6 +25,7 @@ import triton.language as tl
 from kernels.triton_launch import CachedLauncher, cdiv, next_pow2
 
 ROWS_PER_PROGRAM = 128
+_KEPT_SORT = os.environ.get("LORAPLEX_KEPT_SORT", "1") != "0"
 
 
 @triton.jit
@@ -87,13 +90,18 @@ def routing_inputs(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_exper
 
 def routing_data(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int):
     """``(RoutingData, GatherIndx, ScatterIndx)`` of the top-k for ``matmul_ogs``, as vLLM
-    0.24's ``make_routing_data`` builds them with triton_kernels' v3.5 API (the sort is
-    triton_kernels' ``routing_from_bitmatrix``; the histogram scratchpad comes zeroed)."""
+    0.24's ``make_routing_data`` builds them with triton_kernels' v3.5 API: the sort is
+    triton_kernels' own kernels (``kernels.mxfp4_sort``: launched without the generic path;
+    ``LORAPLEX_KEPT_SORT=0``: through ``routing_from_bitmatrix``)."""
+    n_rows, top_k = topk_ids.shape
+    ids16, scal, bits, sums = routing_inputs(topk_ids, topk_weights, num_experts)
+    if _KEPT_SORT:
+        from kernels.mxfp4_sort import sort_routing
+
+        return sort_routing(ids16, scal, bits, sums, num_experts)
     from triton_kernels.routing import routing_from_bitmatrix
     from triton_kernels.tensor import Bitmatrix
 
-    n_rows, top_k = topk_ids.shape
-    ids16, scal, bits, sums = routing_inputs(topk_ids, topk_weights, num_experts)
     bitmatrix = Bitmatrix(bits, shape=[n_rows, bits.shape[1] * 32], shape_max=[n_rows, None],
                           scratchpad=sums)
     return routing_from_bitmatrix(bitmatrix, scal, ids16, num_experts, top_k)

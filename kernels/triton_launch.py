@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 _INT32 = (-(2**31), 2**31 - 1)
+MAX_VARIANTS = 4096  # kept variants per launcher
 
 
 def cdiv(a: int, b: int) -> int:
@@ -99,6 +100,8 @@ class CachedLauncher:
                 kw["launch_pdl"] = True
             kernel = self.fn[grid](*args, **kw)
             if kernel is not None and not self.interpreted:
+                if len(self.variants) >= MAX_VARIANTS:  # integers a kernel specialises on
+                    self.variants.clear()  # vary with the batch: the ones in use come back
                 self.variants[key] = kernel
             return args, (None if self.interpreted else kernel), kw
         g1 = grid[1] if len(grid) > 1 else 1
@@ -140,6 +143,12 @@ class PreparedLaunch:
                 self._c_launch = c_launch
                 self._head = (kernel.function, run.launch_cooperative_grid, run.launch_pdl, None,
                               None, kernel.packed_metadata, None, None, None)
+
+    @property
+    def compiled(self) -> bool:
+        """Whether a compiled variant is kept (False under the interpreter: every launch then
+        takes Triton's normal path, which needs tensors where pointers go)."""
+        return self._run is not None
 
     def launch(self, stream: int, *leading) -> None:
         g = self._grid

@@ -28,7 +28,8 @@ the activation back to sorted order for the w2 GEMM (``[M*K, N/2]``). Here:
   ``kernels.triton_moe_lora_kernels``), GPT-OSS's activation is folded into the gate_up expand
   (``vllm_cuda.unfused_gate_up``), the w2 GEMM reads the sorted rows and scatters its output to
   pair order (``n_expts_act = 1``: no fused top-k sum), then the LoRA down delta and
-  ``moe_sum``. Scattering the w13 output to pair order
+  ``moe_sum``. Both GEMMs launch through ``kernels.kept_matmul_ogs`` (``matmul_ogs``'
+  per-call preparation done once per shape). Scattering the w13 output to pair order
   instead costs its GEMM 19–24 µs per layer at decode sizes on an H200
   (``benchmarks/mxfp4_experts_steps.py``); the sorted w13 GEMM costs what the fused one does.
 - Otherwise (vLLM's own LoRA hooks, which need token-pair rows: *pair order*): the w13 GEMM
@@ -46,6 +47,7 @@ from __future__ import annotations
 import torch
 
 from kernels import vllm_cuda_live
+from kernels.kept_matmul_ogs import kept_matmul_ogs
 
 _original = None
 _original_apply = None
@@ -180,8 +182,9 @@ def _sorted_rows(self, oai, quant, output, hidden_states, w1, w2, topk_weights, 
     y13 = oai._resize_cache(workspace2, (1, rows, n))
     act = oai._resize_cache(workspace13, (rows, self.adjust_N_for_activation(n, activation)))
     y2 = oai._resize_cache(workspace2, (1, rows, hidden))  # y13 is dead once act is written
-    oai.matmul_ogs(hidden_states, w1, quant.w1_bias, routing, gather_indx=gather,
-                   precision_config=quant.w1_precision, y=y13)
+    matmul = kept_matmul_ogs(oai.matmul_ogs)
+    matmul(hidden_states, w1, quant.w1_bias, routing, gather_indx=gather,
+           precision_config=quant.w1_precision, y=y13)
     y13 = y13.view(rows, n)
     lora, step, act_done = self._lora_context, (None, None, None, None), False
     if lora is not None:
@@ -192,8 +195,8 @@ def _sorted_rows(self, oai, quant, output, hidden_states, w1, w2, topk_weights, 
     if not act_done:
         self.activation(activation, act, y13)
     routing.n_expts_act = 1  # one output row per (token, expert) pair: no fused top-k sum
-    oai.matmul_ogs(act, w2, quant.w2_bias, routing, scatter_indx=scatter,
-                   precision_config=quant.w2_precision, gammas=routing.gate_scal, y=y2)
+    matmul(act, w2, quant.w2_bias, routing, scatter_indx=scatter,
+           precision_config=quant.w2_precision, gammas=routing.gate_scal, y=y2)
     _down_and_sum(self, lora, step, output, y2, act, topk_weights, w1, w2, m, top_k)
 
 

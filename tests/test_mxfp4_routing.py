@@ -63,8 +63,9 @@ def test_inputs_equal_make_routing_datas_steps(rows, top_k, experts, id_dtype):
 
 
 @needs_vllm024_gpu
-@pytest.mark.parametrize("rows,top_k,experts", [(1, 4, 32), (16, 4, 32), (1600, 4, 32),
-                                                (300, 8, 128)])
+@pytest.mark.parametrize("rows,top_k,experts", [(1, 4, 32), (5, 4, 32), (16, 4, 32),
+                                                (1615, 4, 32), (8192, 4, 32), (300, 8, 128),
+                                                (77, 6, 40)])
 def test_routing_data_equals_vllms(rows, top_k, experts):
     from vllm.model_executor.layers.fused_moe.experts import gpt_oss_triton_kernels_moe as oai
 
@@ -72,8 +73,14 @@ def test_routing_data_equals_vllms(rows, top_k, experts):
         pytest.skip("triton_kernels with the v3.6 API: vLLM's own routing is used")
     from kernels.mxfp4_routing import routing_data
 
-    ids, weights = random_topk(rows, top_k, experts, torch.int32, seed=rows)
-    got, want = routing_data(ids, weights, experts), oai.make_routing_data(ids, weights, experts)
+    for seed in (rows, rows + 1):  # the second call launches the variants kept by the first
+        ids, weights = random_topk(rows, top_k, experts, torch.int32, seed=seed)
+        assert_same_routing(routing_data(ids, weights, experts),
+                            oai.make_routing_data(ids, weights, experts))
+
+
+def assert_same_routing(got, want):
+    """Every field ``matmul_ogs`` reads, equal."""
     (g_route, g_gather, g_scatter), (w_route, w_gather, w_scatter) = got, want
     assert torch.equal(g_route.expt_hist, w_route.expt_hist)
     used = int(w_route.expt_hist.sum())  # sort_tokens leaves the tail of padding ids unwritten
