@@ -50,6 +50,31 @@ def mxfp4_experts(n: int, k: int, seed: int):
     return w, PrecisionConfig(weight_scale=scale, flex_ctx=FlexCtx(rhs_data=flex)), bias
 
 
+def expert_layers(count: int) -> list[tuple]:
+    """``count`` random MoE layers' experts ``(w13, p13, b13, w2, p2, b2)``."""
+    return [(*mxfp4_experts(2 * INTER, HIDDEN, 2 * i), *mxfp4_experts(HIDDEN, INTER, 2 * i + 1))
+            for i in range(count)]
+
+
+def router_topk(m: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ids [m, K] int32, weights [m, K] float32)``: the top-k of random router scores."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    w, ids = torch.topk(torch.randn(m, EXPERTS, device="cuda", generator=g).softmax(-1), TOP_K)
+    return ids.int(), w
+
+
+def sorted_row_inputs(m: int, seed: int):
+    """One step's GEMM inputs of the sorted-row path for ``m`` tokens: ``(x [m, H] bf16,
+    routing (top-k), gather, scatter, routing with one output row per pair)`` from random
+    router scores (loraplex's routing)."""
+    from kernels.mxfp4_routing import routing_data
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(m, HIDDEN, device="cuda", generator=g).bfloat16()
+    routing, gather, scatter = routing_data(*router_topk(m, seed + 1), EXPERTS)
+    return x, routing, gather, scatter, dataclasses.replace(routing, n_expts_act=1)
+
+
 def layer_steps(m: int, layers: list, seed: int = 0) -> tuple[dict, float]:
     """``{step: fn}`` running one step over every layer of ``layers`` (w13, p13, b13, w2, p2,
     b2), and the pair-order layer's relative error against the LoRA-off layer."""
@@ -129,11 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ms", default="16,1600,8192", help="tokens per step")
     ap.add_argument("--layers", type=int, default=8, help="weight copies per timed graph")
     args = ap.parse_args(argv)
-    layers = []
-    for i in range(args.layers):
-        w1, p1, b1 = mxfp4_experts(2 * INTER, HIDDEN, 2 * i)
-        w2, p2, b2 = mxfp4_experts(HIDDEN, INTER, 2 * i + 1)
-        layers.append((w1, p1, b1, w2, p2, b2))
+    layers = expert_layers(args.layers)
     print(f"GPT-OSS-20B MoE layer ({EXPERTS} experts, top-{TOP_K}), MXFP4 weights; µs per "
           f"layer, CUDA-graph replay over {args.layers} weight copies, median of 20", flush=True)
     results = []

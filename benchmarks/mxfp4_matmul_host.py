@@ -53,9 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     import_triton_kernels()
     from triton_kernels.matmul_ogs import matmul_ogs
 
-    from benchmarks.mxfp4_experts_steps import EXPERTS, HIDDEN, INTER, TOP_K, mxfp4_experts
+    from benchmarks.mxfp4_experts_steps import (EXPERTS, HIDDEN, INTER, TOP_K, expert_layers,
+                                                router_topk, sorted_row_inputs)
     from kernels.kept_matmul_ogs import KeptMatmulOgs, kept_matmul_ogs
-    from kernels.mxfp4_routing import routing_data
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ms", default="16,1615", help="tokens per call")
@@ -64,21 +64,15 @@ def main(argv: list[str] | None = None) -> int:
     kept = kept_matmul_ogs(matmul_ogs)
     if not isinstance(kept, KeptMatmulOgs):
         raise SystemExit("kept launches do not apply to this matmul_ogs")
-    layers = [(*mxfp4_experts(2 * INTER, HIDDEN, 2 * i), *mxfp4_experts(HIDDEN, INTER, 2 * i + 1))
-              for i in range(2)]
+    layers = expert_layers(2)
     rows = []
     for m in (int(v) for v in args.ms.split(",")):
+        x, route_k, gather, scatter, route_1 = sorted_row_inputs(m, seed=m)
         g = torch.Generator(device="cuda").manual_seed(m)
-        x = torch.randn(m, HIDDEN, device="cuda", generator=g).bfloat16()
-        w, ids = torch.topk(torch.randn(m, EXPERTS, device="cuda", generator=g).softmax(-1),
-                            TOP_K)
-        route_k, gather, scatter = routing_data(ids.int(), w, EXPERTS)
-        route_1 = dataclasses.replace(route_k, n_expts_act=1)
         y13 = torch.empty(1, m * TOP_K, 2 * INTER, device="cuda", dtype=torch.bfloat16)
         act = torch.randn(m * TOP_K, INTER, device="cuda", generator=g).bfloat16()
         y2 = torch.empty(1, m * TOP_K, HIDDEN, device="cuda", dtype=torch.bfloat16)
-        ids32 = ids.int()
-        t0 = routing_calls(ids32, w, EXPERTS, args.calls)
+        t0 = routing_calls(*router_topk(m, m), EXPERTS, args.calls)
         rows.append(("routing (sort by expert)", m, *t0))
         calls = {
             "w13 (gather to sorted rows)": lambda fn, ly: fn(

@@ -261,29 +261,21 @@ def test_kept_matmul_ogs_equals_matmul_ogs_on_mxfp4_experts(monkeypatch, m):
     """Both GEMMs of the sorted-row path (w13 with the token gather into sorted rows; w2 with
     the pair scatter and routing weights), two layers, fresh routing per call: the kept
     launches write exactly what ``matmul_ogs`` writes."""
-    import dataclasses
-
     from vllm.utils.import_utils import import_triton_kernels
 
     import_triton_kernels()
     from triton_kernels.matmul_ogs import matmul_ogs
 
-    from benchmarks.mxfp4_experts_steps import EXPERTS, HIDDEN, INTER, TOP_K, mxfp4_experts
-    from kernels.mxfp4_routing import routing_data
+    from benchmarks.mxfp4_experts_steps import (HIDDEN, INTER, TOP_K, expert_layers,
+                                                sorted_row_inputs)
 
     monkeypatch.delenv("LORAPLEX_KEPT_MATMUL", raising=False)
     kmo._KEPT.pop(matmul_ogs, None)
     kept = kmo.kept_matmul_ogs(matmul_ogs)
     assert isinstance(kept, kmo.KeptMatmulOgs)
-    layers = [(*mxfp4_experts(2 * INTER, HIDDEN, 2 * i), *mxfp4_experts(HIDDEN, INTER, 2 * i + 1))
-              for i in range(2)]
+    layers = expert_layers(2)
     for step in range(3):
-        g = torch.Generator(device="cuda").manual_seed(step)
-        x = torch.randn(m, HIDDEN, device="cuda", generator=g).bfloat16()
-        w, ids = torch.topk(torch.randn(m, EXPERTS, device="cuda", generator=g).softmax(-1),
-                            TOP_K)
-        routing, gather, scatter = routing_data(ids.int(), w, EXPERTS)
-        route_1 = dataclasses.replace(routing, n_expts_act=1)
+        x, routing, gather, scatter, route_1 = sorted_row_inputs(m, seed=step)
         for w1, p1, b1, w2, p2, b2 in layers:
             outs = []
             for fn in (matmul_ogs, kept):
