@@ -9,7 +9,8 @@ adds the prompts one at a time (prompt j on adapter ``j % adapters``), steps unt
 first token is out, and lets ``gap_steps`` decode-only steps pass before the next. Per prompt
 it keeps the time from its submission to its first token (TTFT as the engine gives it) and,
 through ``benchmarks.forward_timer``, every forward's host time and device span: the mixed
-forwards (more rows than ``decode_rows``) against the decode ones.
+forwards (more rows than ``decode_rows``) against the decode ones; through
+``benchmarks.host_sections``, the host time of the MoE layer's pieces per mixed step.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import statistics
 import time
 
 from benchmarks.forward_timer import ForwardTimer, summarize
+from benchmarks.host_sections import HostSections, mxfp4_engine_sections
 from benchmarks.gpt_oss_dummy import random_prompts
 
 
@@ -59,7 +61,7 @@ def mixed_pass(llm, decoders: list[list[int]], prompts: list[list[int]], loras: 
 
     _step_until(engine, all_decoding)
     ttft = []
-    with ForwardTimer() as timer:
+    with ForwardTimer() as timer, HostSections(mxfp4_engine_sections()) as sections:
         for j, p in enumerate(prompts):
             t0 = time.perf_counter()
             rid = f"{tag}-p{j}"
@@ -71,9 +73,10 @@ def mixed_pass(llm, decoders: list[list[int]], prompts: list[list[int]], loras: 
     engine.abort_request(ids)
     while engine.has_unfinished_requests():
         engine.step()
-    return {"ttft_ms": ttft,
-            "mixed": summarize(timer.records, min_tokens=decode_rows + 1),
-            "decode": summarize(timer.records, max_tokens=decode_rows)}
+    mixed = summarize(timer.records, min_tokens=decode_rows + 1)
+    return {"ttft_ms": ttft, "mixed": mixed,
+            "decode": summarize(timer.records, max_tokens=decode_rows),
+            "sections": sections.per_step(mixed["count"])}
 
 
 def traced_pass(llm, decoders: list[list[int]], prompts: list[list[int]], loras: list | None,
@@ -112,6 +115,16 @@ def print_mixed_table(title: str, columns: dict[str, dict]) -> None:
         dec = f"{d['host_ms']:.2f} / {d['device_ms']:.2f}" if d["count"] else "—"
         print(f"| {label} | {statistics.fmean(t):.1f} / {statistics.median(t):.1f} | {mixed} "
               f"| {step} | {dec} |")
+    labels = list(dict.fromkeys(k for r in columns.values() for k in r.get("sections", {})))
+    if labels:
+        print("\nHost ms per mixed step in named functions (calls per mixed step; the decode "
+              "steps between run CUDA graphs: only the LoRA mapping runs there)")
+        print("| function | " + " | ".join(columns) + " |")
+        print("|---|" + "---|" * len(columns))
+        for name in labels:
+            cells = [f"{r['sections'][name]['ms']:.2f} ({r['sections'][name]['calls']:.0f})"
+                     if name in r.get("sections", {}) else "—" for r in columns.values()]
+            print(f"| {name} | " + " | ".join(cells) + " |")
 
 
 def run_mixed(llm, args, loras, gap: int = 2, trace: str | None = None) -> dict:

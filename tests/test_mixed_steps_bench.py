@@ -76,6 +76,9 @@ def test_each_new_prompt_runs_with_the_decodes_and_is_timed(tmp_path, embedded_m
         for part in (mixed, decode):
             assert part["host_ms"] > 0 and part["device_ms"] > 0
             assert part["step_host_ms"] >= part["host_ms"]  # the step holds its forward
+        # the LoRA mapping runs every step: the mixed one and the two decode steps after it
+        mapping = r["sections"]["LoRA mapping (per step)"]
+        assert mapping["calls"] >= 3 and mapping["ms"] > 0
     with gzip.open(trace, "rt") as f:  # the traced pass: host ops of its engine steps
         events = json.load(f)["traceEvents"]
     assert any("execute_model" in str(e.get("name", "")) or e.get("cat") == "cpu_op"
@@ -86,3 +89,4 @@ def test_each_new_prompt_runs_with_the_decodes_and_is_timed(tmp_path, embedded_m
     table = capsys.readouterr().out
     assert "| with adapters |" in table and "| no adapter |" in table
     assert f"(3 × {runs['with']['mixed']['tokens_mean']:.0f} rows)" in table
+    assert "| LoRA mapping (per step) |" in table
