@@ -20,8 +20,8 @@ import statistics
 import time
 
 from benchmarks.forward_timer import ForwardTimer, summarize
-from benchmarks.host_sections import HostSections, mxfp4_engine_sections
 from benchmarks.gpt_oss_dummy import random_prompts
+from benchmarks.host_sections import HostSections, mxfp4_engine_sections
 
 
 def _step_until(engine, done, limit: int = 10_000) -> None:

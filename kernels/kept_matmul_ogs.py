@@ -34,8 +34,6 @@ import torch
 
 from kernels.triton_launch import CachedLauncher, PlanTable, raw_stream
 
-ROOTS = ("x", "w", "bias", "routing", "gather_indx", "scatter_indx", "precision_config",
-         "gammas", "y")
 _MATMUL_KERNELS = ("_matmul_ogs", "_p_matmul_ogs")
 _OPTIONS = ("num_warps", "num_stages")
 _SCALARS = (int, float, bool, str, type(None), torch.dtype)

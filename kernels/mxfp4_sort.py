@@ -76,7 +76,7 @@ def sort_routing(ids16: torch.Tensor, scal: torch.Tensor, bits: torch.Tensor,
     tiles = max_tiles(pairs, e)
     pad_e, pad_t = cdiv(e + 1, OFFS_PAD) * OFFS_PAD, cdiv(tiles, OFFS_PAD) * OFFS_PAD
     sizes = [words * 32 * part_cols, e, 2 * pairs, (TILE_SIZES + 1) * pad_e, TILE_SIZES * pad_t,
-             cdiv(pairs, 2)]
+             cdiv(pairs * scal.element_size(), 4)]
     buf = torch.empty(_buffer_elements(sizes), dtype=torch.int32, device=ids16.device)
     part, expt_offs, indx, offs, pid_map, scal_words = _carve(buf, sizes)
     partials = part.view(words * 32, part_cols).t()  # [part_cols, 32 W], column-major
