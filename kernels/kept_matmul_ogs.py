@@ -123,6 +123,15 @@ class KeptCall:
         return args
 
 
+def _hashable(values: list) -> bool:
+    """Whether the non-tensor values can key a launch variant (``CachedLauncher``)."""
+    try:
+        hash(tuple(v for v in values if not isinstance(v, torch.Tensor)))
+    except TypeError:
+        return False
+    return True
+
+
 class _Recorder:
     """``get_kernels`` during one ``matmul_ogs`` call: the real kernels, with the matmul
     kernel's launch made through a ``CachedLauncher`` and noted; any other kernel noted too."""
@@ -144,7 +153,7 @@ class _Recorder:
             default = fn.params[i].default if hasattr(fn, "params") else inspect.Parameter.empty
             full.append(kwargs.get(name, default))
         if (self.launches or set(options) - set(_OPTIONS)
-                or any(v is inspect.Parameter.empty for v in full)):
+                or any(v is inspect.Parameter.empty for v in full) or not _hashable(full)):
             self.other = True
             return fn[grid](*args, **kwargs)
         launcher = self.launchers.get(fn)
