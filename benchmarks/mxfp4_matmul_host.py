@@ -15,22 +15,10 @@ with the routing weights), at each token count, and checks that both give the sa
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import statistics
-import time
 
 import torch
 
-
-def host_us(fn, calls: int) -> float:
-    """Median CPU µs of ``fn()`` with the GPU idle at each call."""
-    times = []
-    for _ in range(calls):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e6)
-    return statistics.median(times)
+from kernels.cuda_timing import idle_host_us
 
 
 def routing_calls(ids, weights, experts: int, calls: int) -> tuple[float, float, float]:
@@ -43,8 +31,9 @@ def routing_calls(ids, weights, experts: int, calls: int) -> tuple[float, float,
 
     theirs, ours = make_routing_data(ids, weights, experts), routing_data(ids, weights, experts)
     same = torch.equal(theirs[1].src_indx, ours[1].src_indx)
-    return (host_us(lambda: make_routing_data(ids, weights, experts), calls),
-            host_us(lambda: routing_data(ids, weights, experts), calls), 0.0 if same else 1.0)
+    return (idle_host_us(lambda _: make_routing_data(ids, weights, experts), calls),
+            idle_host_us(lambda _: routing_data(ids, weights, experts), calls),
+            0.0 if same else 1.0)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,8 +79,7 @@ def main(argv: list[str] | None = None) -> int:
             diff = float((out.float() - want.float()).abs().max())
             us = {}
             for label, fn in (("matmul_ogs", matmul_ogs), ("kept", kept)):
-                turn = iter(range(10 ** 9))
-                us[label] = host_us(lambda fn=fn: run(fn, layers[next(turn) % 2]), args.calls)
+                us[label] = idle_host_us(lambda i, fn=fn: run(fn, layers[i % 2]), args.calls)
             rows.append((name, m, us["matmul_ogs"], us["kept"], diff))
     print(f"MXFP4 experts' routing and GEMM calls, GPT-OSS-20B shapes ({EXPERTS} experts, "
           f"top-{TOP_K}); host µs per call on an idle GPU, median of {args.calls}")

@@ -26,12 +26,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 
 import torch
 
-from kernels.cuda_timing import log
+from kernels.cuda_timing import idle_host_us, log
 
 H, I, E, TOPK, R, SLOTS = 2880, 2880, 32, 4, 32, 8
 HEADS, KV_HEADS, HEAD_DIM = 64, 8, 64
@@ -114,19 +113,13 @@ def run(ms: list[int], vary: int, calls: int) -> list[dict]:
         for name, fn in ops.items():
             for i in range(2 * vary):  # compile and keep every variant first
                 fn(i)
-            issue = []
-            for i in range(calls):
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                fn(i)
-                issue.append(time.perf_counter() - t0)
+            host = idle_host_us(fn, calls)
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             for i in range(calls):
                 fn(i)
             torch.cuda.synchronize()
             wall = (time.perf_counter() - t0) / calls * 1e6
-            host = statistics.median(issue) * 1e6
             rows.append({"op": name, "M": m, "vary": vary, "host_us": host, "wall_us": wall})
     return rows
 

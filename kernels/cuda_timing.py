@@ -14,6 +14,18 @@ def log(*a) -> None:
     print(*a, flush=True)
 
 
+def idle_host_us(fn, calls: int) -> float:
+    """Median CPU µs of issuing ``fn(i)`` for ``i`` in ``range(calls)``, the GPU idle at each
+    call (synchronised before it): what the host spends, not what the GPU runs."""
+    times = []
+    for i in range(calls):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn(i)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e6
+
+
 def graph_us(fn, n_layers: int, trials: int = 20) -> float:
     """Median µs per layer of replaying a CUDA graph of ``fn()`` (which runs n_layers layers)."""
     s = torch.cuda.Stream()
