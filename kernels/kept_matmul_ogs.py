@@ -104,22 +104,23 @@ def trace(value: torch.Tensor, sources: list) -> tuple[tuple, int] | None:
 @dataclasses.dataclass
 class KeptCall:
     """One traced launch: ``template`` holds its arguments with None where a pointer goes;
-    ``traced`` says, per pointer, ``(position, path, offset)``; ``aligned`` whether each was
-    16-byte aligned when recorded."""
+    ``traced`` says, per input path the pointers come from, ``(path, ((position, offset,
+    16-byte aligned when recorded), ...))`` — each input is looked up once per call."""
 
     plan: object
     template: list
     traced: tuple
-    aligned: tuple
 
     def arguments(self, roots: tuple) -> list | None:
         """The launch's arguments for ``roots`` (None when a pointer's alignment differs)."""
         args = self.template.copy()
-        for (pos, path, off), was in zip(self.traced, self.aligned):
-            ptr = resolve(roots, path).data_ptr() + off
-            if (ptr & 15 == 0) is not was:
-                return None
-            args[pos] = ptr
+        for path, uses in self.traced:
+            base = resolve(roots, path).data_ptr()
+            for pos, off, was in uses:
+                ptr = base + off
+                if (ptr & 15 == 0) is not was:
+                    return None
+                args[pos] = ptr
         return args
 
 
@@ -172,20 +173,20 @@ class _Recorder:
         if not getattr(plan, "compiled", False):
             return None
         sources = tensor_paths(roots)
-        template, traced, aligned = [], [], []
+        template, traced = [], {}
         for pos, value in enumerate(full):
             if isinstance(value, torch.Tensor):
                 hit = trace(value, sources)
                 if hit is None:
                     return None
                 template.append(None)
-                traced.append((pos, *hit))
-                aligned.append(value.data_ptr() & 15 == 0)
+                path, off = hit
+                traced.setdefault(path, []).append((pos, off, value.data_ptr() & 15 == 0))
             elif isinstance(value, _SCALARS):
                 template.append(value)
             else:  # a descriptor or other object made per call
                 return None
-        return KeptCall(plan, template, tuple(traced), tuple(aligned))
+        return KeptCall(plan, template, tuple((p, tuple(u)) for p, u in traced.items()))
 
 
 class _KernelsView:
