@@ -87,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|---|")
     for name, m, a, b, diff in rows:
         print(f"| {name} | {m} | {a:.1f} | {b:.1f} | {a / b:.1f} | {diff:.3g} |")
-    print(f"\nkept launcher calls: {kept.counts}")
+    print(f"\nkept launcher calls: {kept.counts}; recorded calls not kept, by reason: "
+          f"{kept.refusals or None}")
     return 0
 
 

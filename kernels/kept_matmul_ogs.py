@@ -124,6 +124,20 @@ class KeptCall:
         return args
 
 
+def as_tensor(value):
+    """``value`` if it is a tensor; for a pointer wrapper (triton_kernels' ``Tensor``: an object
+    with ``data_ptr()``, ``dtype`` and ``data``, which Triton launches as a pointer of that
+    dtype) the torch tensor it wraps — same address and dtype, so the same specialisation;
+    None for anything else."""
+    if isinstance(value, torch.Tensor):
+        return value
+    data = getattr(value, "data", None)
+    if (callable(getattr(value, "data_ptr", None)) and isinstance(data, torch.Tensor)
+            and data.data_ptr() == value.data_ptr() and data.dtype == value.dtype):
+        return data
+    return None
+
+
 def _hashable(values: list) -> bool:
     """Whether the non-tensor values can key a launch variant (``CachedLauncher``)."""
     try:
@@ -141,10 +155,13 @@ class _Recorder:
         self.real = get_kernels
         self.launchers, self.factory = launchers, launcher_factory
         self.launches: list[tuple] = []
-        self.other = False
+        self.why: str | None = None  # the first reason the call cannot be kept
 
     def get_kernels(self, *args, **kwargs):
         return _KernelsView(self.real(*args, **kwargs), self)
+
+    def refuse(self, why: str) -> None:
+        self.why = self.why or why
 
     def launch(self, fn, grid: tuple, args: tuple, kwargs: dict):
         names = list(fn.arg_names)
@@ -153,9 +170,15 @@ class _Recorder:
         for i, name in enumerate(names[len(args):], start=len(args)):
             default = fn.params[i].default if hasattr(fn, "params") else inspect.Parameter.empty
             full.append(kwargs.get(name, default))
-        if (self.launches or set(options) - set(_OPTIONS)
-                or any(v is inspect.Parameter.empty for v in full) or not _hashable(full)):
-            self.other = True
+        full = [v if isinstance(v, _SCALARS) or as_tensor(v) is None else as_tensor(v)
+                for v in full]
+        why = ("a second launch" if self.launches else
+               f"launch options {sorted(set(options) - set(_OPTIONS))}"
+               if set(options) - set(_OPTIONS) else
+               "an argument without a value" if any(v is inspect.Parameter.empty for v in full)
+               else "an unhashable argument" if not _hashable(full) else None)
+        if why:
+            self.refuse(why)
             return fn[grid](*args, **kwargs)
         launcher = self.launchers.get(fn)
         if launcher is None:
@@ -166,11 +189,15 @@ class _Recorder:
         self.launches.append((plan, full))
 
     def kept_call(self, roots: tuple) -> KeptCall | None:
-        """The noted launch as a ``KeptCall`` for ``roots``' inputs, or None if untraceable."""
-        if self.other or len(self.launches) != 1:
+        """The noted launch as a ``KeptCall`` for ``roots``' inputs, or None if untraceable
+        (``why`` says what stopped it)."""
+        if len(self.launches) != 1:
+            self.refuse("no launch of a matmul kernel")
+        if self.why:
             return None
         plan, full = self.launches[0]
         if not getattr(plan, "compiled", False):
+            self.refuse("the launch was not compiled through the kept launcher")
             return None
         sources = tensor_paths(roots)
         template, traced = [], {}
@@ -178,6 +205,7 @@ class _Recorder:
             if isinstance(value, torch.Tensor):
                 hit = trace(value, sources)
                 if hit is None:
+                    self.refuse(f"argument {pos}: an address no input holds (or two do)")
                     return None
                 template.append(None)
                 path, off = hit
@@ -185,6 +213,7 @@ class _Recorder:
             elif isinstance(value, _SCALARS):
                 template.append(value)
             else:  # a descriptor or other object made per call
+                self.refuse(f"argument {pos}: a {type(value).__name__}")
                 return None
         return KeptCall(plan, template, tuple((p, tuple(u)) for p, u in traced.items()))
 
@@ -197,7 +226,7 @@ class _KernelsView:
         fn = getattr(self._kernels, name)
         if name in _MATMUL_KERNELS:
             return _NotedKernel(fn, self._recorder)
-        self._recorder.other = True
+        self._recorder.refuse(f"a second kernel ({name})")
         return fn
 
 
@@ -223,6 +252,7 @@ class KeptMatmulOgs:
         self.launchers: dict = {}
         self._static: dict[int, tuple] = {}
         self.counts = {"kept": 0, "recorded": 0, "matmul_ogs": 0}
+        self.refusals: dict[str, int] = {}  # why recorded calls were not kept -> how many
 
     def __call__(self, x, w, bias, routing, gather_indx=None, scatter_indx=None,
                  precision_config=None, gammas=None, y=None) -> None:
@@ -255,7 +285,10 @@ class KeptMatmulOgs:
         finally:
             self.module.get_kernels = recorder.real
         self.counts["recorded"] += 1
-        self.calls.put(key, recorder.kept_call(roots) or _UNKEPT)
+        entry = recorder.kept_call(roots)
+        if entry is None:
+            self.refusals[recorder.why] = self.refusals.get(recorder.why, 0) + 1
+        self.calls.put(key, entry or _UNKEPT)
 
     def _static_signature(self, obj):
         """``signature(obj)`` for the weights and precision configs (the same objects every

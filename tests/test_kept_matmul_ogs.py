@@ -58,8 +58,24 @@ class Indx:
 
 
 @dataclass
+class Wrapped:
+    """triton_kernels' ``Tensor``: an unhashable dataclass Triton launches as a pointer of its
+    ``dtype`` through ``data_ptr()``."""
+
+    storage: Storage
+    dtype: torch.dtype
+
+    def data_ptr(self) -> int:
+        return self.storage.data.data_ptr()
+
+    @property
+    def data(self) -> torch.Tensor:
+        return self.storage.data
+
+
+@dataclass
 class Precision:
-    weight_scale: torch.Tensor
+    weight_scale: Wrapped
     allow_tf32: bool = True
 
 
@@ -93,15 +109,16 @@ def full_arguments(fn, args, kwargs):
 
 
 def addresses(values):
-    return [v.data_ptr() if isinstance(v, torch.Tensor) else v for v in values]
+    return [v.data_ptr() if callable(getattr(v, "data_ptr", None)) else v for v in values]
 
 
 def stand_in_module():
     """A module with ``get_kernels`` and a ``matmul_ogs`` that prepares views at offsets and
-    shape-derived values, then launches ``get_kernels()._matmul_ogs``. ``mode``: "scratch"
-    (output through a buffer allocated inside), "reduce" (a second kernel looked up), "object"
-    (a descriptor object among the arguments), "unhashable" (an argument no variant key can
-    hold)."""
+    shape-derived values and the weight scale as a pointer wrapper, then launches
+    ``get_kernels()._matmul_ogs``. ``mode``: "scratch" (output through a buffer allocated
+    inside), "reduce" (a second kernel looked up), "object" (a descriptor object among the
+    arguments), "unhashable" (an argument no variant key can hold), "wrapped_dtype" (a wrapper
+    whose dtype is not its data's)."""
     mod = types.ModuleType("stand_in_matmul_ogs")
     mod.launched, mod.mode, mod.kernel = [], None, None
     mod.kernel = Kernel(mod)
@@ -119,9 +136,12 @@ def stand_in_module():
             kernels._reduce_grouped
         x3 = x.as_strided((1, *x.shape), (0, *x.stride()))
         hist_sum = routing_data.expt_data.token_offs_pad[block_m][-1]
+        w_scale = precision_config.weight_scale  # re-viewed per call, as triton_kernels does
+        w_scale.storage.data = w_scale.data.view(torch.uint8)
+        w_scale.dtype = torch.uint8 if mod.mode != "wrapped_dtype" else torch.int8
         kernels._matmul_ogs[(-(-m // block_m) * 3,)](
             out.view(-1, out.shape[-1]), out.stride(-2), x3, x.stride(0),
-            w.storage.data.view(torch.uint8), precision_config.weight_scale, bias, gammas,
+            w.storage.data.view(torch.uint8), w_scale, bias, gammas,
             None if gather_indx is None else gather_indx.src_indx, hist_sum,
             {"unhashable": 1} if mod.mode == "unhashable" else
             object() if mod.mode == "object" else routing_data.expt_data.block_pid_map[block_m],
@@ -165,7 +185,8 @@ def inputs(m: int, seed: int, experts: int = 5, hidden: int = 24, n: int = 40, o
     routing = Routing(torch.rand(m * 2, generator=g), hist, experts, 2,
                       ExptData(hist, torch.zeros(experts + 1, dtype=torch.int32), pad, pid))
     gather = Indx(torch.randperm(m * 2, generator=g).int(), torch.randperm(m * 2).int())
-    precision = Precision(torch.ones(experts, n, dtype=torch.uint8))
+    precision = Precision(Wrapped(Storage(torch.ones(experts, n, dtype=torch.uint8)),
+                                  torch.uint8))
     y = torch.empty(1, m * 2, n)
     return (x, w, torch.randn(experts, n, generator=g), routing, gather, None, precision,
             routing.gate_scal, y)
@@ -207,8 +228,14 @@ def test_kept_launches_pass_what_matmul_ogs_would(m):
     assert kept.counts == {"kept": 4, "recorded": 2, "matmul_ogs": 0}
 
 
-@pytest.mark.parametrize("mode", ["scratch", "reduce", "object", "unhashable"])
-def test_untraceable_calls_always_run_matmul_ogs(mode):
+@pytest.mark.parametrize("mode, why", [
+    ("scratch", "argument 0: an address no input holds"),
+    ("reduce", "a second kernel (_reduce_grouped)"),
+    ("object", "argument 10: a object"),
+    ("unhashable", "an unhashable argument"),
+    ("wrapped_dtype", "an unhashable argument"),
+])
+def test_untraceable_calls_always_run_matmul_ogs(mode, why):
     mod = stand_in_module()
     mod.mode = mode
     kept = kmo.KeptMatmulOgs(mod, launcher_factory=launcher_factory(mod))
@@ -218,6 +245,8 @@ def test_untraceable_calls_always_run_matmul_ogs(mode):
         call(kept, roots)
         assert len(mod.launched) == 1  # matmul_ogs' own launch, once per call
     assert kept.counts == {"kept": 0, "recorded": 1, "matmul_ogs": 2}
+    (reason,) = kept.refusals  # one recorded call, refused for what the mode put in
+    assert reason.startswith(why), reason
 
 
 def test_a_pointer_whose_alignment_differs_runs_matmul_ogs():
@@ -293,4 +322,5 @@ def test_kept_matmul_ogs_equals_matmul_ogs_on_mxfp4_experts(monkeypatch, m):
                 outs.append((y13, y2))
             for mine, theirs in zip(outs[1], outs[0]):  # unwritten rows would stay NaN in both
                 torch.testing.assert_close(mine, theirs, rtol=0, atol=0, equal_nan=True)
-    assert kept.counts["kept"] >= 2 * 2 * 3 - 2 and kept.counts["matmul_ogs"] == 0
+    assert kept.counts["kept"] >= 2 * 2 * 3 - 2 and kept.counts["matmul_ogs"] == 0, \
+        (kept.counts, kept.refusals)
