@@ -165,7 +165,8 @@ class _Recorder:
 
     def launch(self, fn, grid: tuple, args: tuple, kwargs: dict):
         names = list(fn.arg_names)
-        options = {k: v for k, v in kwargs.items() if k not in names}
+        # a launch option given as None is as if not given (Triton drops it: ``arch=None``)
+        options = {k: v for k, v in kwargs.items() if k not in names and v is not None}
         full = list(args)
         for i, name in enumerate(names[len(args):], start=len(args)):
             default = fn.params[i].default if hasattr(fn, "params") else inspect.Parameter.empty

@@ -118,7 +118,8 @@ def stand_in_module():
     ``get_kernels()._matmul_ogs``. ``mode``: "scratch" (output through a buffer allocated
     inside), "reduce" (a second kernel looked up), "object" (a descriptor object among the
     arguments), "unhashable" (an argument no variant key can hold), "wrapped_dtype" (a wrapper
-    whose dtype is not its data's)."""
+    whose dtype is not its data's), "arch" (a launch option other than warps and stages; given
+    as None otherwise, as matmul_ogs does)."""
     mod = types.ModuleType("stand_in_matmul_ogs")
     mod.launched, mod.mode, mod.kernel = [], None, None
     mod.kernel = Kernel(mod)
@@ -145,7 +146,8 @@ def stand_in_module():
             None if gather_indx is None else gather_indx.src_indx, hist_sum,
             {"unhashable": 1} if mod.mode == "unhashable" else
             object() if mod.mode == "object" else routing_data.expt_data.block_pid_map[block_m],
-            m, n, num_warps=4, num_stages=2, BLOCK_M=block_m, SWIZZLE="hopper")
+            m, n, num_warps=4, num_stages=2, BLOCK_M=block_m, SWIZZLE="hopper",
+            arch="sm90" if mod.mode == "arch" else None)
 
     mod.matmul_ogs = matmul_ogs
     return mod
@@ -234,6 +236,7 @@ def test_kept_launches_pass_what_matmul_ogs_would(m):
     ("object", "argument 10: a object"),
     ("unhashable", "an unhashable argument"),
     ("wrapped_dtype", "an unhashable argument"),
+    ("arch", "launch options ['arch']"),
 ])
 def test_untraceable_calls_always_run_matmul_ogs(mode, why):
     mod = stand_in_module()

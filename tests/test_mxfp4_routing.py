@@ -63,9 +63,10 @@ def test_inputs_equal_make_routing_datas_steps(rows, top_k, experts, id_dtype):
 
 
 @needs_vllm024_gpu
+# top-k a power of two: triton_kernels' sort kernel tiles 32 rows x top-k pairs (tl.arange)
 @pytest.mark.parametrize("rows,top_k,experts", [(1, 4, 32), (5, 4, 32), (16, 4, 32),
                                                 (1615, 4, 32), (8192, 4, 32), (300, 8, 128),
-                                                (77, 6, 40)])
+                                                (77, 2, 40)])
 def test_routing_data_equals_vllms(rows, top_k, experts):
     from vllm.model_executor.layers.fused_moe.experts import gpt_oss_triton_kernels_moe as oai
 
