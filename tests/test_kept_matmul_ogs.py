@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from kernels import kept_matmul_ogs as kmo
+from kernels import launch_arguments
 from tests.vllm_gpu import needs_vllm024_gpu
 
 
@@ -273,11 +274,11 @@ def test_a_pointer_whose_alignment_differs_runs_matmul_ogs():
 def test_trace_refuses_addresses_two_inputs_hold():
     buf = torch.zeros(64)
     a, b = buf[:40], buf[8:]  # overlapping, different starts
-    assert kmo.trace(buf[10:], [((0,), a), ((1,), b)]) is None
-    assert kmo.trace(buf[10:], [((0,), a)]) == ((0,), 40)
+    assert launch_arguments.trace(buf[10:], [((0,), a), ((1,), b)]) is None
+    assert launch_arguments.trace(buf[10:], [((0,), a)]) == ((0,), 40)
     same = [((0,), buf), ((1, (False, "x")), buf)]  # one tensor reached twice
-    assert kmo.trace(buf[3:], same) == ((0,), 12)
-    assert kmo.trace(torch.zeros(3), same) is None
+    assert launch_arguments.trace(buf[3:], same) == ((0,), 12)
+    assert launch_arguments.trace(torch.zeros(3), same) is None
 
 
 def test_keeping_applies_only_to_the_known_matmul_ogs(monkeypatch):
