@@ -32,8 +32,8 @@ import sys
 
 import torch
 
-from kernels.launch_arguments import (SCALARS, as_tensor, resolve, signature, tensor_paths,
-                                      trace)
+from kernels.launch_arguments import (SCALARS, resolve, signature, tensor_paths, trace,
+                                      unwrap_pointer)
 from kernels.triton_launch import CachedLauncher, PlanTable, raw_stream
 
 _MATMUL_KERNELS = ("_matmul_ogs", "_p_matmul_ogs")
@@ -97,13 +97,8 @@ class _Recorder:
         for i, name in enumerate(names[len(args):], start=len(args)):
             default = fn.params[i].default if hasattr(fn, "params") else inspect.Parameter.empty
             full.append(kwargs.get(name, default))
-        full = [v if isinstance(v, SCALARS) or as_tensor(v) is None else as_tensor(v)
-                for v in full]
-        why = ("a second launch" if self.launches else
-               f"launch options {sorted(set(options) - set(_OPTIONS))}"
-               if set(options) - set(_OPTIONS) else
-               "an argument without a value" if any(v is inspect.Parameter.empty for v in full)
-               else "an unhashable argument" if not _hashable(full) else None)
+        full = [unwrap_pointer(v) for v in full]  # as Triton launches them
+        why = self._unkeepable(options, full)
         if why:
             self.refuse(why)
             return fn[grid](*args, **kwargs)
@@ -114,6 +109,18 @@ class _Recorder:
                                 num_warps=options.get("num_warps", 4),
                                 num_stages=options.get("num_stages"))
         self.launches.append((plan, full))
+
+    def _unkeepable(self, options: dict, full: list) -> str | None:
+        """Why this launch cannot be kept as one variant, or None."""
+        if self.launches:
+            return "a second launch"
+        if set(options) - set(_OPTIONS):
+            return f"launch options {sorted(set(options) - set(_OPTIONS))}"
+        if any(v is inspect.Parameter.empty for v in full):
+            return "an argument without a value"
+        if not _hashable(full):
+            return "an unhashable argument"
+        return None
 
     def kept_call(self, roots: tuple) -> KeptCall | None:
         """The noted launch as a ``KeptCall`` for ``roots``' inputs, or None if untraceable

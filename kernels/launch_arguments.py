@@ -76,15 +76,14 @@ def trace(value: torch.Tensor, sources: list) -> tuple[tuple, int] | None:
     return None if hit is None else hit[:2]
 
 
-def as_tensor(value):
-    """``value`` if it is a tensor; for a pointer wrapper (triton_kernels' ``Tensor``: an object
-    with ``data_ptr()``, ``dtype`` and ``data``, which Triton launches as a pointer of that
-    dtype) the torch tensor it wraps — same address and dtype, so the same specialisation;
-    None for anything else."""
-    if isinstance(value, torch.Tensor):
+def unwrap_pointer(value):
+    """For a pointer wrapper (triton_kernels' ``Tensor``: an object with ``data_ptr()``,
+    ``dtype`` and ``data``, which Triton launches as a pointer of that dtype) the torch tensor
+    it wraps — same address and dtype, so the same specialisation; ``value`` itself otherwise."""
+    if isinstance(value, (torch.Tensor,) + SCALARS):
         return value
     data = getattr(value, "data", None)
     if (callable(getattr(value, "data_ptr", None)) and isinstance(data, torch.Tensor)
             and data.data_ptr() == value.data_ptr() and data.dtype == value.dtype):
         return data
-    return None
+    return value
