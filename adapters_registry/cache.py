@@ -28,7 +28,8 @@ from typing import Callable
 from . import metrics
 from .errors import AdapterInvalid, AdapterNotFound, CacheFull, RegistryError, StoreUnavailable
 from .manifest import AdapterManifest
-from .store import AdapterStore, sha256_file
+from .stores.base import AdapterStore
+from .verify import sha256_file
 
 log = logging.getLogger(__name__)
 LocalCheck = Callable[[Path, AdapterManifest], None]

@@ -1,7 +1,7 @@
 """Turn a validated adapter folder into the files that get published.
 
 Fused 3-D expert LoRA is converted to per-expert 2-D (what vLLM's Qwen3-MoE loader expects in
-this vLLM version) with :func:`kernels.peft_layouts.fused_to_per_expert` (exact slicing), and the
+this vLLM version) with :func:`adapters_registry.peft_layouts.fused_to_per_expert` (exact slicing), and the
 result is validated again against the base model; ``target_layout="as_is"`` keeps the pushed
 layout. Adapters without fused experts are published byte for byte.
 """
@@ -34,7 +34,7 @@ def prepare_files(
 
     from safetensors.torch import load_file, save_file
 
-    from kernels.peft_layouts import AdapterLayoutError, fused_to_per_expert
+    from adapters_registry.peft_layouts import AdapterLayoutError, fused_to_per_expert
 
     try:
         tensors, cfg = fused_to_per_expert(

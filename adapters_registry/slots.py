@@ -24,7 +24,7 @@ from . import metrics
 from .cache import AdapterCache
 from .errors import AdapterConflict, AdapterInvalid, AdapterLoadFailed, RegistryError, SlotsExhausted
 from .manifest import AdapterManifest, BaseModelInfo
-from .store import AdapterStore
+from .stores.base import AdapterStore
 from .validation import inspect_adapter
 
 log = logging.getLogger(__name__)

@@ -74,7 +74,7 @@ class EngineConfig(_Strict):
     lora_target_modules: list[str] | None = Field(
         None,
         description="vLLM module names the engine wraps with LoRA (None: those the registry serves LoRA for: "
-        "attention, dense MLP and expert projections; see app.lora_targets).",
+        "attention, dense MLP and expert projections; see app.engine.lora_targets).",
     )
     enforce_eager: bool = Field(False, description="Disable CUDA graphs / compilation.")
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="Fraction of GPU memory vLLM may take (GPU only).")

@@ -8,11 +8,11 @@ from ray import serve
 from ray.serve import Application
 
 from app.config import AppConfig
-from app.engine import EngineServer
-from app.gateway import Gateway
+from app.engine.server import EngineServer
+from app.gateway.ingress import Gateway
 
 ADAPTER_AFFINITY_ROUTER = {
-    "request_router_class": "app.router:AdapterAffinityRouter",
+    "request_router_class": "app.routing.router:AdapterAffinityRouter",
     "request_routing_stats_period_s": 1.0,
     "request_routing_stats_timeout_s": 5.0,
 }

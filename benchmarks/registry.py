@@ -31,8 +31,11 @@ from pathlib import Path
 from adapters_registry.cache import AdapterCache
 from adapters_registry.manifest import BaseModelInfo
 from adapters_registry.slots import AdapterSlots
-from adapters_registry.store import open_store
-from adapters_registry.testing import GPT_OSS_20B, TINY_QWEN3_MOE, S3ServerProcess, install_s3rver, synthetic_adapter
+from adapters_registry.stores import open_store
+from app.embedded.model import tiny_qwen3_moe_config
+from benchmarks.shapes import GPT_OSS_20B_CONFIG
+from benchmarks.synthetic_adapters import synthetic_adapter
+from tests.helpers.s3 import S3ServerProcess, s3rver_prefix
 
 
 class NoopEngine:
@@ -46,7 +49,7 @@ class NoopEngine:
 
 
 def _tiny_base() -> BaseModelInfo:
-    cfg = dict(TINY_QWEN3_MOE, architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe")
+    cfg = dict(tiny_qwen3_moe_config().to_dict(), architectures=["Qwen3MoeForCausalLM"])
     return BaseModelInfo.from_config(cfg, name="tiny-qwen3-moe")
 
 
@@ -109,16 +112,13 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="loraplex-bench-registry-"))
     rows = []
     try:
-        prefix = work / "npm"
-        if args.server == "s3rver" and install_s3rver(prefix) is None:
-            print("s3rver unavailable (npm missing or install failed)", file=sys.stderr)
-            return 3
+        prefix = s3rver_prefix() if args.server == "s3rver" else None
         with S3ServerProcess(args.server, data_dir=work / "s3data", s3rver_prefix=prefix) as s3:
             bucket = s3.make_bucket(f"bench-{uuid.uuid4().hex[:8]}")
             store = open_store(f"s3://{bucket}/adapters", s3.endpoint, concurrency=args.concurrency)
             cases = [("tiny (rank 8, attn+experts 2-D, fp32)", _tiny_base(), dict(r=8, experts="2d"))]
             if not args.skip_big:
-                gpt = BaseModelInfo.from_config(GPT_OSS_20B, name="gpt-oss-20b")
+                gpt = BaseModelInfo.from_config(GPT_OSS_20B_CONFIG, name="gpt-oss-20b")
                 cases.append(("gpt-oss-20b (rank 32, attn+experts 3-D, bf16)", gpt, dict(r=32, experts="3d", dtype="bfloat16")))
             for label, base, kw in cases:
                 src = synthetic_adapter(work / "src", base, **kw)

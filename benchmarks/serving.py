@@ -26,8 +26,8 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from adapters_registry.testing import free_port  # noqa: E402
-from tests.stack import start_stack, stop_stack  # noqa: E402
+from tests.helpers.net import free_port  # noqa: E402
+from tests.helpers.stack import start_stack, stop_stack  # noqa: E402
 
 ADAPTER = "acme-support"
 SLOTS = 4  # residency capacity (max_cpu_loras) of the loraplex replica in this benchmark
@@ -73,7 +73,7 @@ def measure(base_url: str, headers: dict, model: str, n: int) -> dict[str, list[
 def publish_working_set(home: Path, n: int) -> list[str]:
     """``n`` extra attention adapters of tenant acme in the local store (distinct random weights)."""
     from adapters_registry.manifest import BaseModelInfo
-    from adapters_registry.store import open_store
+    from adapters_registry.stores import open_store
     from app.embedded.adapters import build_peft_adapter
     from app.embedded.setup import model_dir
 
@@ -103,7 +103,7 @@ def measure_rotation(base_url: str, headers: dict, adapter_ids: list[str], round
 
 def start_vllm_server(home: Path, log: Path, adapter_ids: list[str]) -> tuple[subprocess.Popen, str]:
     """vLLM's OpenAI server with the same engine settings, the adapters preloaded from the local store."""
-    from adapters_registry.store import open_store
+    from adapters_registry.stores import open_store
     from app.embedded.setup import model_dir
 
     store = open_store((home / "store").as_uri())

@@ -2,7 +2,7 @@
 
     python deploy/check_engine_args.py deploy/h200.yaml [--model-dir DIR] [--full]
 
-For each application: ``args`` → ``AppConfig`` → ``app.vllm_serving.build_args`` (vLLM's
+For each application: ``args`` → ``AppConfig`` → ``app.engine.vllm_serving.build_args`` (vLLM's
 ``vllm serve`` argument parser, which refuses unknown fields) → ``AsyncEngineArgs.from_cli_args``.
 With ``--full`` it also builds vLLM's whole ``VllmConfig`` (``create_engine_config``): LoRA limits,
 cache, scheduler and CUDA-graph settings are then validated exactly as at engine start, without
@@ -29,7 +29,7 @@ from app.config import AppConfig  # noqa: E402
 def check_app(app_cfg: dict, model_dir: str | None, full: bool) -> dict:
     from vllm.engine.arg_utils import AsyncEngineArgs
 
-    from app.vllm_serving import build_args, check_vllm_version
+    from app.engine.vllm_serving import build_args, check_vllm_version
 
     report: dict = {"application": app_cfg.get("name"), "vllm": check_vllm_version()}
     cfg = AppConfig.model_validate(app_cfg.get("args") or {})

@@ -3,7 +3,7 @@
 ``engine``, ``engineDeployment`` and ``gatewayDeployment`` reach ``app.main:build_app`` verbatim,
 so their schemas are generated from ``app.config.EngineConfig`` / ``DeploymentOptions``: Helm then
 rejects a typo at ``helm install`` time instead of the application failing on the cluster.
-``tests/test_helm_chart.py`` fails when the committed file differs from what this script writes.
+``tests/deploy/test_helm_chart.py`` fails when the committed file differs from what this script writes.
 
 Usage: python helm/generate_values_schema.py
 """

@@ -1,6 +1,7 @@
 """PyTorch reference of a Mixture-of-Experts layer with multi-LoRA: the correctness oracle.
 
-Every kernel in ``kernels/`` (the CPU path and the Triton ops) is checked against this module.
+Every kernel in ``kernels/`` (the CPU path and the Triton ops) is checked against this module;
+only tests and benchmarks import it (the definitions production shares are in ``kernels.moe_math``).
 It is written for clarity, not speed: one loop over (token, expert slot), float math in the
 input dtype unless ``compute_dtype`` says otherwise.
 
@@ -31,69 +32,9 @@ Weight layouts (the same as vLLM's fused MoE and MoE-LoRA stacks)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
-import torch.nn.functional as F
 
-SWIGLUOAI_ALPHA = 1.702
-SWIGLUOAI_LIMIT = 7.0
-
-
-@dataclass
-class MoELoRAWeights:
-    """Stacked LoRA weights of one MoE layer for L adapter slots (layouts in the module doc).
-
-    ``has_experts [L]`` (bool) marks slots whose adapter carries expert LoRA; slots without it hold
-    zeros and may be skipped by kernels (an adapter with only attention LoRA is such a slot).
-    """
-
-    w13_a: torch.Tensor  # [L, E, r, H]
-    w13_b: torch.Tensor  # [L, E, 2I, r]
-    w2_a: torch.Tensor  # [L, E, r, I]
-    w2_b: torch.Tensor  # [L, E, H, r]
-    scaling: torch.Tensor  # [L]
-    has_experts: torch.Tensor  # [L] bool
-
-    @property
-    def num_slots(self) -> int:
-        return self.w13_a.shape[0]
-
-    @property
-    def rank(self) -> int:
-        return self.w13_a.shape[2]
-
-    @staticmethod
-    def from_gate_up(
-        gate_a: torch.Tensor, gate_b: torch.Tensor, up_a: torch.Tensor, up_b: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Exactly folds separate gate/up LoRA pairs into one shared-A pair of rank 2r.
-
-        ``gate_a, up_a [..., r, H]``, ``gate_b, up_b [..., I, r]`` → ``w13_a [..., 2r, H]`` and a
-        block-diagonal ``w13_b [..., 2I, 2r]`` (gate rows first, the ``silu`` row order):
-        ``x A^T B^T`` then equals ``[x gate_a^T gate_b^T, x up_a^T up_b^T]``.
-        """
-        r = gate_a.shape[-2]
-        i = gate_b.shape[-2]
-        w13_a = torch.cat([gate_a, up_a], dim=-2)
-        w13_b = gate_b.new_zeros(*gate_b.shape[:-2], 2 * i, 2 * r)
-        w13_b[..., :i, :r] = gate_b
-        w13_b[..., i:, r:] = up_b
-        return w13_a, w13_b
-
-
-def apply_activation(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
-    """``gate_up [..., 2I]`` → ``[..., I]`` for ``silu`` (SiLU-and-mul) or ``swigluoai`` (GPT-OSS)."""
-    if activation == "silu":
-        gate, up = gate_up.chunk(2, dim=-1)
-        return F.silu(gate) * up
-    if activation == "swigluoai":
-        gate, up = gate_up[..., 0::2], gate_up[..., 1::2]
-        gate = gate.clamp(max=SWIGLUOAI_LIMIT)
-        up = up.clamp(min=-SWIGLUOAI_LIMIT, max=SWIGLUOAI_LIMIT)
-        return (up + 1) * (gate * torch.sigmoid(gate * SWIGLUOAI_ALPHA))
-    raise ValueError(f"unknown activation {activation!r}; expected 'silu' or 'swigluoai'")
-
+from kernels.moe_math import MoELoRAWeights, apply_activation
 
 def lora_delta(
     x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: torch.Tensor | float
@@ -166,15 +107,21 @@ def random_moe_lora_problem(
     no_adapter_fraction: float = 0.25,
     slots_without_experts: tuple[int, ...] = (),
     with_bias: bool = False,
+    seed: int | None = None,
     generator: torch.Generator | None = None,
 ) -> dict:
     """Fresh random inputs for ``moe_lora_reference`` and the kernels under test (keyword dict).
 
     Magnitudes keep activations O(1) so relative errors are meaningful in bf16. A fraction of the
     tokens has no adapter (``-1``); slots listed in ``slots_without_experts`` carry zeros and
-    ``has_experts=False``.
+    ``has_experts=False``. Drawn from ``generator``, else from a generator seeded with ``seed``
+    (one of the two is required: a problem can always be drawn again).
     """
-    g = generator or torch.Generator().manual_seed(torch.seed() % (2**31))
+    if generator is None:
+        if seed is None:
+            raise ValueError("random_moe_lora_problem needs a seed or a generator")
+        generator = torch.Generator().manual_seed(seed)
+    g = generator
 
     def rnd(*shape: int, std: float) -> torch.Tensor:
         return (torch.randn(*shape, generator=g) * std).to(dtype=dtype, device=device)

@@ -9,7 +9,7 @@ VENV=.venv
 extras="cpu"
 [ "${1:-}" = "--test" ] && extras="cpu,test"
 stamp="$VENV/.loraplex-setup-$extras"
-want=$(sha256sum pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
+want=$(sha256sum pyproject.toml scripts/setup.sh scripts/s3rver.sh | sha256sum | cut -c1-16)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
@@ -23,4 +23,8 @@ torch_index=()
 $pip install -q "${torch_index[@]}" -e ".[$extras]"
 # PyPI's torchvision/torchaudio/torchcodec do not load against the +cpu torch: remove them.
 $pip uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+if [ "$extras" = "cpu,test" ]; then
+  # s3rver (npm): the on-disk, credential-checking S3 server of the registry tests (Node.js 18+)
+  bash scripts/s3rver.sh install "$VENV/s3rver" >/dev/null
+fi
 echo "$want" > "$stamp"

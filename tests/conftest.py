@@ -1,16 +1,50 @@
-"""Shared fixtures: the embedded default built once, and one real serving stack per session."""
+"""Shared fixtures: the embedded default built once, one real serving stack per session, and a
+replayable seed per test."""
 
 from __future__ import annotations
 
 import os
+import zlib
 from pathlib import Path
 
 import pytest
+
+from tests.helpers.triton_interpret import import_triton_for_the_session
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 ENGINE_REPLICAS = 2  # two engine replicas: routing and residency are exercised as in production
+import_triton_for_the_session()  # before any test module imports vLLM (which imports triton)
+
+
+@pytest.fixture
+def seed(request) -> int:
+    """A seed derived from the test's node id: the same test draws the same inputs on every run,
+    and a failing test's report names it (section ``seed``)."""
+    value = zlib.crc32(request.node.nodeid.encode()) & 0x7FFFFFFF
+    request.node.user_properties.append(("seed", value))
+    return value
+
+
+@pytest.fixture(scope="session")
+def vllm_gpu_stack() -> None:
+    """On a CUDA machine: fails the GPU tests when vLLM is missing or another version."""
+    from tests.helpers.vllm_gpu import gpu_stack_problem
+
+    problem = gpu_stack_problem()
+    if problem is not None:
+        pytest.fail(problem)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed:
+        for key, value in item.user_properties:
+            if key == "seed":
+                report.sections.append(("seed", f"inputs drawn with seed={value} (from the node id)"))
 
 
 @pytest.fixture(scope="session")
@@ -46,7 +80,7 @@ def demo_adapter_sources(tmp_path_factory, embedded_model_dir) -> dict[str, Path
 @pytest.fixture(scope="session")
 def s3_server():
     """A real S3-protocol server (moto) on 127.0.0.1 for the whole session, with test credentials."""
-    from adapters_registry.testing import MotoS3
+    from tests.helpers.s3 import MotoS3
 
     with MotoS3() as s3:
         s3.make_bucket("loraplex")
@@ -57,7 +91,7 @@ def s3_server():
 def s3_store_uri(s3_server, demo_adapter_sources, embedded_model_dir) -> str:
     """``s3://loraplex/adapters`` holding the demo adapters, published from their PEFT sources."""
     from adapters_registry.manifest import BaseModelInfo
-    from adapters_registry.store import open_store
+    from adapters_registry.stores import open_store
     from app.embedded.setup import DEMO_ADAPTERS
 
     uri = "s3://loraplex/adapters"
@@ -72,8 +106,8 @@ def s3_store_uri(s3_server, demo_adapter_sources, embedded_model_dir) -> str:
 def serve_stack(loraplex_home, tmp_path_factory, s3_server, s3_store_uri):
     """The real stack (`loraplex serve`: Ray Serve + vLLM-CPU, two engine replicas) on a free loopback
     port, adapters in S3."""
-    from adapters_registry.testing import S3_TEST_ENV
-    from tests.stack import start_stack, stop_stack
+    from tests.helpers.s3 import S3_TEST_ENV
+    from tests.helpers.stack import start_stack, stop_stack
 
     stack = start_stack(
         loraplex_home,

@@ -14,7 +14,7 @@ import sys
 
 
 def _store(args: argparse.Namespace):
-    from adapters_registry.store import open_store
+    from adapters_registry.stores import open_store
     from app.config import AppConfig
 
     cfg = AppConfig()

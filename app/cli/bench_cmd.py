@@ -1,7 +1,8 @@
 """``loraplex bench NAME [ARGS...]``: runs a benchmark script of this checkout.
 
-NAME is a script under ``benchmarks/`` (``serving``, ``registry``, ...) or ``kernels`` for
-``kernels/bench.py``; ARGS go to the script unchanged. Each script prints a side-by-side table.
+NAME is a benchmark module under ``benchmarks/`` by its dotted name (``serving``, ``registry``,
+``engine.serving``, ``kernels.moe_lora``, ...); ARGS go to it unchanged. Each prints a
+side-by-side table. Benchmarks live in the checkout, not in the installed package.
 """
 
 from __future__ import annotations
@@ -15,9 +16,13 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def scripts() -> dict[str, Path]:
-    found = {p.stem: p for p in sorted((REPO / "benchmarks").glob("*.py")) if not p.stem.startswith("_")}
-    if (REPO / "kernels" / "bench.py").exists():
-        found["kernels"] = REPO / "kernels" / "bench.py"
+    """Benchmark modules of this checkout by dotted name (helpers without ``main`` excluded)."""
+    root = REPO / "benchmarks"
+    found = {}
+    for path in sorted(root.rglob("*.py")):
+        if path.stem.startswith("_") or "__main__" not in path.read_text(errors="replace"):
+            continue
+        found[".".join(path.relative_to(root).with_suffix("").parts)] = path
     return found
 
 
@@ -27,12 +32,14 @@ def _run(args: argparse.Namespace) -> int:
         print(f"unknown benchmark {args.name!r}; available: {', '.join(available) or 'none'}", file=sys.stderr)
         return 2
     sys.argv = [str(available[args.name]), *args.args]
-    runpy.run_path(str(available[args.name]), run_name="__main__")
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    runpy.run_module(f"benchmarks.{args.name}", run_name="__main__", alter_sys=True)
     return 0
 
 
 def add_subparser(sub) -> None:
-    p = sub.add_parser("bench", help="run a benchmark (benchmarks/NAME.py, or 'kernels')")
-    p.add_argument("name", help="benchmark name, e.g. serving, registry, kernels")
+    p = sub.add_parser("bench", help="run a benchmark of this checkout (benchmarks/...)")
+    p.add_argument("name", help="benchmark module, e.g. serving, registry, kernels.moe_lora")
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the benchmark")
     p.set_defaults(func=_run)

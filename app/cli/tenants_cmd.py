@@ -14,7 +14,7 @@ def _tenants_path(args: argparse.Namespace):
 
 
 def _add(args: argparse.Namespace) -> int:
-    from app.tenants import TenantsFile
+    from app.gateway.tenants import TenantsFile
 
     path = _tenants_path(args)
     doc = TenantsFile.read(path)
@@ -31,7 +31,7 @@ def _add(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
-    from app.tenants import TenantsFile
+    from app.gateway.tenants import TenantsFile
 
     for t in TenantsFile.read(_tenants_path(args)).tenants:
         flags = " operator" if t.operator else ""

@@ -17,7 +17,7 @@ from pathlib import Path
 from app.config import EMBEDDED_MODEL_DIRNAME, loraplex_home
 from app.embedded.adapters import DemoAdapterSpec, build_peft_adapter
 from app.embedded.model import build_tiny_model
-from app.tenants import TenantsFile
+from app.gateway.tenants import TenantsFile
 
 MODEL_SEED = 0
 DEMO_ADAPTERS = [
@@ -58,7 +58,7 @@ def ensure_model(home: Path) -> Path:
 def ensure_demo_adapter(home: Path, spec: DemoAdapterSpec) -> None:
     from adapters_registry.errors import AdapterNotFound
     from adapters_registry.manifest import BaseModelInfo
-    from adapters_registry.store import open_store
+    from adapters_registry.stores import open_store
 
     store = open_store((home / "store").resolve().as_uri())
     try:

@@ -1,0 +1,236 @@
+"""Engine deployment: one vLLM ``AsyncLLM`` with LoRA, vLLM's OpenAI serving layer, adapter slots.
+
+A replica owns one engine (one GPU or TP group; on CPU, the embedded model). Requests arrive from
+the gateway with the adapter's manifest already resolved and authorised; the replica's slot table
+makes the adapter resident (disk cache → ``add_lora``) and pins it for the request's lifetime.
+
+Return protocol to the gateway (plain data, so it crosses Ray unchanged):
+- ``generate`` returns ``{"status": int, "body": dict, "replica": str}`` (+ ``retry_after_s`` on
+  errors where retrying can help).
+- ``generate_stream`` yields ``{"status": int, "body": dict | None, "replica": str}`` first, then
+  SSE strings (``"data: ...\\n\\n"``) when the status is 200.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any, Literal
+
+from ray import serve
+
+from adapters_registry.manifest import AdapterManifest
+from app.config import AppConfig
+from app.errors import NotReady, describe, error_body
+
+logger = logging.getLogger(__name__)
+Kind = Literal["chat", "completion"]
+
+
+def expert_lora_refusal() -> str | None:
+    """Why this engine cannot apply MoE-expert LoRA (adapters with it are then refused), or None."""
+    from kernels.vllm.capabilities import expert_lora_unavailable_reason
+
+    return expert_lora_unavailable_reason()
+
+
+class ExpertLoraUnsupported(Exception):
+    """An adapter carries expert LoRA that this engine cannot apply (never served silently wrong)."""
+
+    http_status = 422
+    error_type = "invalid_request_error"
+
+    def __init__(self, adapter_id: str, reason: str):
+        self.message = (
+            f"adapter {adapter_id!r} has MoE-expert LoRA weights, which this engine cannot apply: {reason}; "
+            "it is refused rather than served without its expert weights (set engine.moe_lora_plugin: true)"
+        )
+        super().__init__(self.message)
+
+
+class EngineServer:
+    """Serve deployment class (bound in ``app.main``). Invariant: adapters reach the engine only
+    through ``self.slots`` (the residency table)."""
+
+    async def __init__(self, config: dict[str, Any]):
+        from adapters_registry.cache import AdapterCache
+        from adapters_registry.slots import AdapterSlots
+        from adapters_registry.stores import open_store
+        from app.engine import vllm_serving
+
+        self.cfg = AppConfig.model_validate(config)
+        ecfg = self.cfg.engine
+        os.environ["LORAPLEX_MOE_LORA"] = "1" if ecfg.moe_lora_plugin else "0"
+        if ecfg.cpu_kvcache_space_gib is not None:
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(ecfg.cpu_kvcache_space_gib)
+        self.serving = await vllm_serving.start_engine(ecfg)
+        self.chat_request_cls, self.completion_request_cls, self.error_cls = vllm_serving.request_types()
+        self._error_from_exception = vllm_serving.error_from_exception
+        self.store = open_store(self.cfg.resolved_store_uri(), self.cfg.s3_endpoint_url)
+        self.cache = AdapterCache(self.cfg.resolved_cache_dir() / _cache_name(), self.cfg.cache_max_bytes)
+        self.slots = AdapterSlots(
+            vllm_serving.ServingLoraOps(self.serving), self.cache, ecfg.max_cpu_loras,
+            base=_base_model_info(ecfg.resolved_model()), max_lora_rank=ecfg.max_lora_rank,
+        )
+        self.expert_lora_refusal = expert_lora_refusal()
+        self.replica = _replica_name()
+        self._newest_version: dict[str, int] = {}  # per adapter id: newest version requested here
+
+    def __del__(self) -> None:
+        """Replica shutdown (Serve calls this on the replica's event loop; garbage collection
+        too): vLLM's engine stops with its engine-core process. On the loop its sockets close at
+        once; off it vLLM only schedules their close on that loop."""
+        serving = getattr(self, "serving", None)  # None: __init__ did not get that far
+        if serving is not None:
+            serving.engine.shutdown()
+
+    async def check_health(self) -> None:
+        """Serve health check: raises if the vLLM engine died."""
+        await self.serving.engine.check_health()
+
+    async def ready(self) -> bool:
+        """True once a real one-token generation on the base model succeeds."""
+        out = await self.generate("completion", {"prompt": "hello", "max_tokens": 1, "temperature": 0}, None)
+        if out["status"] != 200:
+            raise NotReady(f"engine generation failed: {out['body']}")
+        return True
+
+    def record_routing_stats(self) -> dict[str, Any]:
+        """Serve calls this periodically; ``app.routing.router`` ranks replicas by it."""
+        return {"resident": self.slots.resident(), "free_slots": self.slots.free_slots}
+
+    def residency(self) -> dict[str, Any]:
+        """The slot table (LRU order) and the disk cache of this replica (admin view)."""
+        return {
+            "replica": self.replica,
+            "capacity": self.slots.capacity,
+            "free_slots": self.slots.free_slots,
+            "slots": self.slots.snapshot(),
+            "cache": {"used_bytes": self.cache.used_bytes, "entries": self.cache.snapshot()},
+        }
+
+    async def pin_adapter(self, manifest: dict) -> dict[str, Any]:
+        """Operator pin: load the adapter if needed and keep it resident until unpinned."""
+        m = AdapterManifest.model_validate(manifest)
+        self._check_applicable(m)
+        await self.slots.pin(self.store, m)
+        return self.residency()
+
+    def unpin_adapter(self, adapter_id: str) -> dict[str, Any]:
+        return {"rows_unpinned": self.slots.unpin(adapter_id)}
+
+    def _check_applicable(self, manifest: AdapterManifest) -> None:
+        if manifest.has_expert_lora and self.expert_lora_refusal is not None:
+            raise ExpertLoraUnsupported(manifest.adapter_id, self.expert_lora_refusal)
+
+    @asynccontextmanager
+    async def _adapter(self, manifest: AdapterManifest | None):
+        """Yields the engine-side model name for the request, pinning the adapter meanwhile."""
+        if manifest is None:
+            yield self.cfg.engine.served_model_name
+            return
+        self._check_applicable(manifest)
+        if self._newest_version.get(manifest.adapter_id, 0) < manifest.version:
+            self._newest_version[manifest.adapter_id] = manifest.version
+            await self.slots.retire(manifest.adapter_id, keep_version=manifest.version)
+        async with self.slots.use(self.store, manifest) as lora_request:
+            yield lora_request.lora_name
+
+    def _parse(self, kind: Kind, body: dict[str, Any], model_name: str):
+        cls = self.chat_request_cls if kind == "chat" else self.completion_request_cls
+        request = cls.model_validate({**body, "model": model_name})
+        handler = self.serving.chat.create_chat_completion if kind == "chat" else self.serving.completion.create_completion
+        return request, handler
+
+    def _error(self, exc: Exception) -> dict[str, Any]:
+        """An exception as the protocol's error item: ours and the registry's keep their status,
+        invalid bodies are 400, everything else goes through vLLM's own mapping."""
+        from pydantic import ValidationError
+
+        if hasattr(exc, "http_status"):
+            status, body, retry = describe(exc)
+            return {"status": status, "body": body, "retry_after_s": retry}
+        if isinstance(exc, ValidationError):
+            return {"status": 400, "body": _validation_body(exc)}
+        status, body = self._error_from_exception(exc)
+        return {"status": status, "body": body}
+
+    async def generate(self, kind: Kind, body: dict[str, Any], manifest: dict | None) -> dict[str, Any]:
+        """Non-streaming completion/chat; ``manifest`` is an ``AdapterManifest`` dump or None."""
+        return {**await self._generate(kind, body, manifest), "replica": self.replica}
+
+    async def _generate(self, kind: Kind, body: dict[str, Any], manifest: dict | None) -> dict[str, Any]:
+        try:
+            async with self._adapter(_manifest(manifest)) as model_name:
+                request, handler = self._parse(kind, body, model_name)
+                request.stream = False
+                result = await handler(request, None)
+                if isinstance(result, self.error_cls):
+                    return {"status": int(result.error.code), "body": result.model_dump()}
+                return {"status": 200, "body": result.model_dump(mode="json", exclude_none=True)}
+        except Exception as exc:  # mapped to an HTTP error, the replica keeps serving
+            logger.info("request failed: %r", exc)
+            return self._error(exc)
+
+    async def generate_stream(self, kind: Kind, body: dict[str, Any], manifest: dict | None) -> AsyncIterator[Any]:
+        """Streaming completion/chat: a status dict first, then SSE chunks (see module doc)."""
+        async for item in self._generate_stream(kind, body, manifest):
+            yield {**item, "replica": self.replica} if isinstance(item, dict) else item
+
+    async def _generate_stream(self, kind: Kind, body: dict[str, Any], manifest: dict | None) -> AsyncIterator[Any]:
+        try:
+            async with self._adapter(_manifest(manifest)) as model_name:
+                request, handler = self._parse(kind, body, model_name)
+                result = await handler(request, None)
+                if isinstance(result, self.error_cls):
+                    yield {"status": int(result.error.code), "body": result.model_dump()}
+                    return
+                yield {"status": 200, "body": None}
+                async for chunk in result:
+                    yield chunk
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            logger.info("stream failed: %r", exc)
+            yield self._error(exc)
+
+
+def _manifest(dump: dict | None) -> AdapterManifest | None:
+    return None if dump is None else AdapterManifest.model_validate(dump)
+
+
+def _validation_body(exc) -> dict[str, Any]:
+    parts = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()[:5]]
+    return error_body(400, "invalid request body: " + "; ".join(parts), "invalid_request_error")
+
+
+def _cache_name() -> str:
+    """This replica's disk-cache folder: stable across restarts (so old entries are reused and
+    pruned) and distinct among the live replicas of a node (one process's eviction must never
+    delete a folder another engine has registered)."""
+    try:
+        ctx = serve.get_replica_context()
+        return f"{ctx.deployment}-{ctx.rank.local_rank}"
+    except Exception:
+        return "local"
+
+
+def _base_model_info(model: str):
+    """What the registry re-validates adapters against at load; None (logged) if unreadable."""
+    from adapters_registry.manifest import BaseModelInfo
+
+    try:
+        return BaseModelInfo.from_model(model)
+    except Exception as exc:
+        logger.warning("adapters will not be re-validated at load: base model config unreadable: %s", exc)
+        return None
+
+
+def _replica_name() -> str:
+    try:
+        return serve.get_replica_context().replica_id.unique_id
+    except Exception:
+        return f"pid-{os.getpid()}"

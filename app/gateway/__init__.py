@@ -1,0 +1,1 @@
+"""The OpenAI-compatible ingress: tenants, adapter resolution and authorisation, admission, the admin API."""

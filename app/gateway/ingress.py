@@ -1,0 +1,202 @@
+"""Gateway deployment: the OpenAI-compatible HTTP ingress with tenancy.
+
+Per request: authenticate the bearer key (401), resolve the adapter from the route or ``model``
+(404 unknown, 403 not this tenant's), admit against the tenant's limits (429), then dispatch to the
+engine deployment through its Serve handle and relay the answer (JSON or SSE). All errors leave
+through ``app.errors.error_response``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from contextlib import AsyncExitStack
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from ray import serve
+from ray.serve.handle import DeploymentHandle
+
+from adapters_registry.errors import RegistryError
+from app import metrics
+from app.gateway import admin_routes
+from app.gateway.admission import Admission
+from app.gateway.catalog import AdapterCatalog
+from app.config import AppConfig
+from app.errors import BadRequest, Forbidden, NotFound, NotReady, error_response, json_error
+from app.gateway.tenants import Tenant, TenantDirectory
+
+api = FastAPI(title="loraplex", description="Multi-tenant LoRA serving for MoE LLMs")
+api.include_router(admin_routes.router)
+READY_TIMEOUT_S = 30.0
+DEFAULT_MAX_TOKENS = 256
+REPLICA_HEADER = "x-loraplex-replica"  # which engine replica answered (operators, routing tests)
+# Helpers sit above the ingress class: @serve.ingress freezes the FastAPI app (and the globals its
+# routes see) when the class is decorated.
+
+
+async def _json_body(request: Request) -> dict[str, Any]:
+    try:
+        body = await request.json()
+    except Exception as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    return body
+
+
+def _estimate_tokens(body: dict[str, Any]) -> int:
+    """Rough upper estimate for budgets: ~4 characters a token for the prompt, plus max_tokens."""
+    prompt = body.get("messages") if "messages" in body else body.get("prompt")
+    max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or DEFAULT_MAX_TOKENS
+    try:
+        return len(json.dumps(prompt)) // 4 + int(max_tokens)
+    except (TypeError, ValueError):
+        return DEFAULT_MAX_TOKENS
+
+
+def _engine_response(out: dict[str, Any]) -> Response:
+    """An engine result (see ``app.engine.server``'s protocol) as the HTTP response."""
+    headers = {REPLICA_HEADER: out["replica"]}
+    if out["status"] == 200:
+        return JSONResponse(out["body"], headers=headers)
+    return json_error(out["status"], out["body"], out.get("retry_after_s"), headers)
+
+
+@serve.deployment(name="Gateway")
+@serve.ingress(api)
+class Gateway:
+    def __init__(self, engine: DeploymentHandle, config: dict[str, Any]):
+        from adapters_registry.stores import open_store
+
+        self.cfg = AppConfig.model_validate(config)
+        self.engine = engine
+        self.base_name = self.cfg.engine.served_model_name
+        self.tenants = TenantDirectory(self.cfg.resolved_tenants_file())
+        self.store = open_store(self.cfg.resolved_store_uri(), self.cfg.s3_endpoint_url)
+        self.catalog = AdapterCatalog(self.store)
+        self.admission = Admission(self.cfg.max_in_flight_per_gateway)
+        admin_routes.bind_gateway(self)
+
+    # ---- routes -------------------------------------------------------------------------------
+    @api.post("/v1/chat/completions")
+    async def chat(self, request: Request) -> Response:
+        return await self._handle(request, "chat", None)
+
+    @api.post("/v1/completions")
+    async def completions(self, request: Request) -> Response:
+        return await self._handle(request, "completion", None)
+
+    @api.post("/v1/adapters/{adapter_id}/chat/completions")
+    async def adapter_chat(self, adapter_id: str, request: Request) -> Response:
+        return await self._handle(request, "chat", adapter_id)
+
+    @api.post("/v1/adapters/{adapter_id}/completions")
+    async def adapter_completions(self, adapter_id: str, request: Request) -> Response:
+        return await self._handle(request, "completion", adapter_id)
+
+    @api.get("/v1/models")
+    async def models(self, request: Request) -> Response:
+        try:
+            tenant = self.tenants.authenticate(request.headers.get("authorization"))
+            manifests = await self.catalog.list()
+        except Exception as exc:
+            return error_response(exc)
+        data = [{"id": self.base_name, "object": "model", "created": 0, "owned_by": "loraplex"}]
+        for m in sorted(manifests, key=lambda m: m.adapter_id):
+            if tenant.may_use(m.adapter_id, m.owner_tenant):
+                data.append(
+                    {"id": m.adapter_id, "object": "model", "created": int(m.created_at.timestamp()),
+                     "owned_by": m.owner_tenant, "parent": self.base_name, "version": m.version}
+                )
+        return JSONResponse({"object": "list", "data": data})
+
+    @api.get("/healthz")
+    async def healthz(self) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    @api.get("/readyz")
+    async def readyz(self) -> Response:
+        try:
+            await asyncio.wait_for(self.engine.ready.remote(), READY_TIMEOUT_S)
+        except Exception as exc:
+            return error_response(NotReady(f"engine not ready: {type(exc).__name__}: {exc}"))
+        return JSONResponse({"status": "ready"})
+
+    @api.get("/metrics")
+    async def prometheus(self) -> Response:
+        body, content_type = metrics.render()
+        return Response(body, media_type=content_type)
+
+    # ---- request path -------------------------------------------------------------------------
+    async def _handle(self, request: Request, kind: str, route_adapter: str | None) -> Response:
+        started = time.monotonic()
+        tenant_name, adapter_label, status = "-", route_adapter or "-", 500
+        try:
+            tenant = self.tenants.authenticate(request.headers.get("authorization"))
+            tenant_name = tenant.name
+            body = await _json_body(request)
+            adapter_id = route_adapter or body.get("model")
+            if not adapter_id:
+                raise BadRequest(f"missing 'model': use '{self.base_name}' or an adapter id")
+            manifest = None if adapter_id == self.base_name else await self._authorize(tenant, adapter_id)
+            adapter_label = adapter_id
+            body.pop("model", None)
+            engine = self.engine.options(multiplexed_model_id=adapter_id if manifest else "")
+            if body.get("stream"):
+                # The admission slot is held until the stream ends, not until the response starts.
+                admitted = AsyncExitStack()
+                await admitted.enter_async_context(self.admission.admit(tenant, _estimate_tokens(body)))
+                response = await self._stream(engine, kind, body, manifest, admitted)
+            else:
+                async with self.admission.admit(tenant, _estimate_tokens(body)):
+                    response = _engine_response(await engine.generate.remote(kind, body, manifest))
+            status = response.status_code
+            return response
+        except Exception as exc:
+            status = getattr(exc, "http_status", 500)
+            return error_response(exc)
+        finally:
+            metrics.observe_request(tenant_name, adapter_label, kind, status, time.monotonic() - started)
+
+    async def _authorize(self, tenant: Tenant, adapter_id: str) -> dict:
+        """Latest manifest (as a dict) if the tenant may call the adapter; 404 / 403 otherwise."""
+        try:
+            manifest = await self.catalog.get(adapter_id)
+        except RegistryError as exc:
+            if exc.http_status == 404:
+                raise NotFound(f"adapter {adapter_id!r} does not exist; GET /v1/models lists what you may call") from exc
+            raise
+        if not tenant.may_use(manifest.adapter_id, manifest.owner_tenant):
+            raise Forbidden(f"adapter {adapter_id!r} belongs to another tenant")
+        return manifest.model_dump(mode="json")
+
+    async def _stream(
+        self, engine: DeploymentHandle, kind: str, body: dict, manifest: dict | None, admitted: AsyncExitStack
+    ) -> Response:
+        """Relays the engine's SSE stream; ``admitted`` (the admission slot) closes when it ends."""
+        try:
+            gen = engine.options(stream=True).generate_stream.remote(kind, body, manifest)
+            head = await gen.__anext__()
+        except BaseException:
+            await admitted.aclose()
+            raise
+        if head["status"] != 200:
+            await admitted.aclose()
+            return _engine_response(head)
+        headers = {REPLICA_HEADER: head["replica"]}
+
+        async def relay():
+            try:
+                async for item in gen:
+                    if isinstance(item, dict):  # an error after the stream started
+                        yield f"data: {json.dumps(item['body'])}\n\n"
+                        yield "data: [DONE]\n\n"
+                        return
+                    yield item
+            finally:
+                await admitted.aclose()
+
+        return StreamingResponse(relay(), media_type="text/event-stream", headers=headers)

@@ -1,0 +1,1 @@
+"""Step profiles: host sections, forward timing, traces and their gaps."""

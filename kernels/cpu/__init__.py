@@ -1,0 +1,1 @@
+"""The CPU MoE-LoRA path (PyTorch), batched by (expert, adapter): what vLLM-CPU lacks."""

@@ -1,0 +1,68 @@
+"""Tile configs of the dense LoRA Triton ops per device, layer shape and batch-size bucket.
+
+Tuned configs live in ``kernels/configs/dense_lora_<device>.json`` (written by
+``benchmarks/kernels/tune_dense_lora.py``)::
+
+    {"device": "NVIDIA H200",
+     "provenance": {<shape key>: {"runs": [{"command": ..., "date": ..., "buckets": [...]}]}},
+     "shapes": {"K2880_N4096-512-512_r32_L8": {"16": {"block_m": 16, "block_k": 128,
+                                                      "split_k": 8, "block_n": 128,
+                                                      "num_warps": 4}, ...}}}
+
+The shape key names the input features, each slice's output features, the rank and the slot
+count. Lookup as for the MoE-LoRA configs: exact device and shape, the largest tuned M not above
+the batch's (the smallest when M is below all). A shape without tuned configs uses the heuristic
+``kernels.dense_lora.launch.dense_config``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import asdict
+
+from kernels.dense_lora.launch import DENSE_CONFIG_BUCKET_MS, DenseLoRAConfig, dense_config
+from kernels.moe_lora.configs import (device_slug_of, load_device_file, pick_bucket,
+                                             untuned_ms)
+
+PREFIX = "dense_lora"
+
+
+def dense_shape_key(in_features: int, out_features: Sequence[int], rank: int,
+                    num_slots: int) -> str:
+    """Key of a dense LoRA layer shape in the config files."""
+    return f"K{in_features}_N{'-'.join(str(n) for n in out_features)}_r{rank}_L{num_slots}"
+
+
+def dump_dense_config(cfg: DenseLoRAConfig) -> dict:
+    """``DenseLoRAConfig`` → its JSON form (inverse: ``DenseLoRAConfig(**raw)``)."""
+    return asdict(cfg)
+
+
+def _tuned(device_index: int | None, key: str) -> dict:
+    if device_index is None:
+        return {}
+    return load_device_file(PREFIX, device_slug_of(device_index)).get(key, {})
+
+
+@functools.lru_cache(maxsize=4096)  # per layer call: a cache hit
+def layer_dense_config(m: int, in_features: int, out_features: tuple[int, ...], rank: int,
+                       num_slots: int, device_index: int | None) -> DenseLoRAConfig:
+    """The config of ``m`` tokens for this shape on CUDA device ``device_index`` (None: not a
+    CUDA device): tuned if the device's file has the shape, else the heuristic."""
+    raw = pick_bucket(_tuned(device_index, dense_shape_key(in_features, out_features, rank,
+                                                           num_slots)), m)
+    if raw is None:
+        return dense_config(m, in_features, len(out_features))
+    return DenseLoRAConfig(**raw)
+
+
+def warm_up_configs(in_features: int, out_features: tuple[int, ...], rank: int, num_slots: int,
+                    device_index: int | None) -> list[tuple[int, DenseLoRAConfig]]:
+    """``[(M, config)]`` covering every config a batch of this shape can get: the tuned buckets,
+    and one M per heuristic bucket beyond the tuned reach (all of them when nothing is tuned)."""
+    key = dense_shape_key(in_features, out_features, rank, num_slots)
+    tuned = sorted(int(m) for m in _tuned(device_index, key))
+    ms = tuned + untuned_ms(tuned, DENSE_CONFIG_BUCKET_MS)
+    return [(m, layer_dense_config(m, in_features, out_features, rank, num_slots, device_index))
+            for m in ms]

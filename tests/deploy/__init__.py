@@ -1,0 +1,1 @@
+"""Serve configs, Dockerfiles, the Helm chart."""

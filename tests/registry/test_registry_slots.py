@@ -1,0 +1,241 @@
+"""Engine residency table: one LRU, pins while in use, remove_lora before file deletion.
+
+The engine is a test double of the two vLLM AsyncLLM methods that records calls and checks the
+invariants a real engine relies on; store, cache and LoRARequest are the real ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from pathlib import Path
+
+import pytest
+
+from adapters_registry.cache import AdapterCache
+from adapters_registry.errors import AdapterConflict, AdapterInvalid, AdapterLoadFailed, CacheFull, SlotsExhausted
+from adapters_registry.manifest import MANIFEST_NAME, AdapterManifest, BaseModelInfo
+from adapters_registry.slots import AdapterSlots
+from adapters_registry.stores import open_store
+from benchmarks.synthetic_adapters import synthetic_adapter
+from tests.helpers.aio import asynctest
+from tests.helpers.assets import tiny_assets
+from tests.helpers.engines import RecordingEngine
+
+
+@pytest.fixture(scope="module")
+def base() -> BaseModelInfo:
+    return BaseModelInfo.from_model_dir(tiny_assets()["base"])
+
+
+@pytest.fixture
+def store(tmp_path):
+    return open_store((tmp_path / "store").as_uri())
+
+
+def publish_n(store, base, tmp_path, n) -> list[AdapterManifest]:
+    return [
+        store.publish(synthetic_adapter(tmp_path / f"src{i}", base, r=4, seed=i), f"ad{i}", "acme", base)
+        for i in range(n)
+    ]
+
+
+def make(tmp_path, capacity, cache_bytes=10**9, **kw):
+    engine = RecordingEngine(capacity)
+    cache = AdapterCache(tmp_path / "cache", cache_bytes)
+    return engine, cache, AdapterSlots(engine, cache, capacity, **kw)
+
+
+@asynctest
+async def test_first_use_registers_then_hits(store, base, tmp_path):
+    (m,) = publish_n(store, base, tmp_path, 1)
+    engine, cache, slots = make(tmp_path, 2)
+    async with slots.use(store, m) as req:
+        assert req.lora_name == "ad0@v1" and req.lora_int_id >= 1
+        assert (Path(req.lora_path) / MANIFEST_NAME).is_file()
+        assert slots.snapshot()[0]["active_requests"] == 1
+    async with slots.use(store, m) as req2:
+        assert req2.lora_int_id == req.lora_int_id
+    assert [c[0] for c in engine.calls] == ["add"]
+    assert slots.resident() == ["ad0"] and slots.stats["hits"] == 1
+
+
+@asynctest
+async def test_lru_eviction_removes_from_engine_before_files(store, base, tmp_path):
+    ms = publish_n(store, base, tmp_path, 3)
+    size = ms[0].total_bytes
+    engine, cache, slots = make(tmp_path, 2, cache_bytes=int(size * 2.5))
+    for m in ms[:2]:
+        async with slots.use(store, m):
+            pass
+    async with slots.use(store, ms[0]):  # ms[0] most recent: ms[1] is the LRU victim
+        pass
+    async with slots.use(store, ms[2]):
+        assert engine.names() == {"ad0@v1", "ad2@v1"}
+        # The cache had to make room, and could only take ms[1] after remove_lora released it.
+        assert not cache.contains(ms[1]) and cache.contains(ms[0])
+    removed = [c for c in engine.calls if c[0] == "remove"]
+    assert len(removed) == 1
+    assert slots.resident() == ["ad0", "ad2"]
+    assert set(slots.resident()) == {n.split("@")[0] for n in engine.names()}
+
+
+@asynctest
+async def test_all_slots_busy_gives_503_with_retry_hint(store, base, tmp_path):
+    ms = publish_n(store, base, tmp_path, 3)
+    engine, cache, slots = make(tmp_path, 2, acquire_timeout_s=0.2)
+    async with slots.use(store, ms[0]), slots.use(store, ms[1]):
+        with pytest.raises(SlotsExhausted, match="all 2 adapter slots") as ei:
+            async with slots.use(store, ms[2]):
+                pass
+        assert ei.value.http_status == 503 and ei.value.retry_after_s
+    assert engine.names() == {"ad0@v1", "ad1@v1"}
+
+
+@asynctest
+async def test_waits_for_a_slot_to_free(store, base, tmp_path):
+    ms = publish_n(store, base, tmp_path, 2)
+    engine, cache, slots = make(tmp_path, 1, acquire_timeout_s=5)
+
+    async def hold():
+        async with slots.use(store, ms[0]):
+            await asyncio.sleep(0.1)
+
+    holder = asyncio.create_task(hold())
+    await asyncio.sleep(0.02)
+    async with slots.use(store, ms[1]) as req:
+        assert req.lora_name == "ad1@v1"
+    await holder
+    assert engine.names() == {"ad1@v1"}
+
+
+@asynctest
+async def test_cache_full_of_pinned_adapters_is_a_clear_error(store, base, tmp_path):
+    ms = publish_n(store, base, tmp_path, 3)
+    engine, cache, slots = make(tmp_path, 3, cache_bytes=int(ms[0].total_bytes * 2.5))
+    for m in ms[:2]:
+        async with slots.use(store, m):
+            pass
+    with pytest.raises(CacheFull):
+        async with slots.use(store, ms[2]):
+            pass
+    assert engine.names() == {"ad0@v1", "ad1@v1"} and len(slots.snapshot()) == 2
+    async with slots.use(store, ms[0]):  # the others keep serving
+        pass
+
+
+@asynctest
+async def test_engine_refusal_leaves_no_row_and_no_pin(store, base, tmp_path):
+    (m,) = publish_n(store, base, tmp_path, 1)
+    engine, cache, slots = make(tmp_path, 2)
+    engine.refuse.add("ad0@v1")
+    with pytest.raises(AdapterInvalid, match="the engine refused ad0@v1: engine says no"):
+        async with slots.use(store, m):
+            pass
+    assert slots.snapshot() == [] and cache.snapshot()[0]["pins"] == 0
+    engine.refuse.clear()
+    engine.decline.add("ad0@v1")
+    with pytest.raises(AdapterLoadFailed, match="refused to register") as ei:
+        async with slots.use(store, m):
+            pass
+    assert ei.value.http_status == 503 and slots.snapshot() == [] and cache.snapshot()[0]["pins"] == 0
+
+
+@asynctest
+async def test_operator_pin_survives_pressure(store, base, tmp_path):
+    ms = publish_n(store, base, tmp_path, 4)
+    engine, cache, slots = make(tmp_path, 3)
+    await slots.pin(store, ms[0])
+    for m in ms[1:]:
+        async with slots.use(store, m):
+            pass
+    assert "ad0@v1" in engine.names()
+    await slots.pin(store, ms[1])
+    with pytest.raises(AdapterConflict, match="would leave no evictable slot"):
+        await slots.pin(store, ms[3])
+    assert slots.unpin("ad0") == 1 and slots.unpin("ad1") == 1
+    for m in ms[1:]:
+        async with slots.use(store, m):
+            pass
+    assert "ad0@v1" not in engine.names()
+
+
+@asynctest
+async def test_retire_old_versions(store, base, tmp_path):
+    src = synthetic_adapter(tmp_path / "src", base, r=4, seed=9)
+    v1 = store.publish(src, "x", "acme", base)
+    engine, cache, slots = make(tmp_path, 3)
+    async with slots.use(store, v1):
+        pass
+    v2 = store.publish(synthetic_adapter(tmp_path / "src2", base, r=4, seed=10), "x", "acme", base)
+    async with slots.use(store, store.get("x")) as req:
+        assert req.lora_name == "x@v2"
+    assert await slots.retire("x", keep_version=v2.version) == 1
+    assert engine.names() == {"x@v2"}
+
+
+@asynctest
+async def test_more_adapters_than_slots_under_concurrency(store, base, tmp_path):
+    ms = publish_n(store, base, tmp_path, 6)
+    engine, cache, slots = make(tmp_path, 2, cache_bytes=int(ms[0].total_bytes * 3.5), acquire_timeout_s=30)
+    rng = random.Random(0)
+    seen: list[tuple[str, str]] = []
+
+    async def request(m: AdapterManifest):
+        async with slots.use(store, m) as req:
+            # While in use, the adapter is registered, its files are the manifest's, nothing else took its slot.
+            assert engine.registered[req.lora_int_id][0] == m.lora_name
+            assert AdapterManifest.model_validate_json((Path(req.lora_path) / MANIFEST_NAME).read_text()) == m
+            await asyncio.sleep(rng.random() * 0.01)
+            seen.append((m.lora_name, req.lora_name))
+
+    await asyncio.gather(*(request(rng.choice(ms)) for _ in range(60)))
+    assert len(seen) == 60 and all(a == b for a, b in seen)
+    assert len(engine.registered) <= 2
+    assert {r["lora_name"] for r in slots.snapshot()} == engine.names()
+    assert slots.stats["evictions"] > 0 and slots.stats["failures"] == 0
+    assert cache.used_bytes <= cache.max_bytes
+
+
+@asynctest
+async def test_metrics_per_tier(store, base, tmp_path):
+    from prometheus_client import REGISTRY
+
+    def val(name, **labels):
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    ms = publish_n(store, base, tmp_path, 2)
+    before = {
+        "disk_miss": val("loraplex_adapter_lookups_total", tier="disk", result="miss"),
+        "engine_hit": val("loraplex_adapter_lookups_total", tier="engine", result="hit"),
+        "engine_evict": val("loraplex_adapter_evictions_total", tier="engine"),
+        "disk_loads": val("loraplex_adapter_load_seconds_count", tier="disk"),
+    }
+    engine, cache, slots = make(tmp_path, 1)
+    for m in (ms[0], ms[0], ms[1]):
+        async with slots.use(store, m):
+            pass
+    assert val("loraplex_adapter_lookups_total", tier="disk", result="miss") - before["disk_miss"] == 2
+    assert val("loraplex_adapter_lookups_total", tier="engine", result="hit") - before["engine_hit"] == 1
+    assert val("loraplex_adapter_evictions_total", tier="engine") - before["engine_evict"] == 1
+    assert val("loraplex_adapter_load_seconds_count", tier="disk") - before["disk_loads"] == 2
+    assert val("loraplex_adapter_cache_bytes") == cache.used_bytes > 0
+
+
+@asynctest
+async def test_validated_again_before_load_against_this_engine(store, base, tmp_path):
+    (m,) = publish_n(store, base, tmp_path, 1)  # rank 4, published with max_lora_rank 64
+    engine = RecordingEngine(2)
+    strict = AdapterSlots(engine, AdapterCache(tmp_path / "c1", 10**9), 2, base=base, max_lora_rank=2)
+    with pytest.raises(AdapterInvalid, match="above this engine's max_lora_rank 2") as ei:
+        async with strict.use(store, m):
+            pass
+    assert ei.value.http_status == 422 and engine.calls == [] and strict.snapshot() == []
+    other = base.model_copy(update={"architecture": "OtherForCausalLM"})
+    wrong_base = AdapterSlots(engine, AdapterCache(tmp_path / "c2", 10**9), 2, base=other, max_lora_rank=64)
+    with pytest.raises(AdapterInvalid, match="this engine serves OtherForCausalLM"):
+        async with wrong_base.use(store, m):
+            pass
+    ok = AdapterSlots(engine, AdapterCache(tmp_path / "c3", 10**9), 2, base=base, max_lora_rank=64)
+    async with ok.use(store, m) as req:
+        assert req.lora_name == "ad0@v1"

@@ -1,0 +1,1 @@
+"""Gateway, engine replica, router and CLI units."""

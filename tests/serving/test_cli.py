@@ -1,0 +1,76 @@
+"""The ``loraplex`` CLI: init is idempotent and deterministic, tenants add prints the key last."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+
+from app.gateway.tenants import TenantDirectory
+
+
+def run_cli(home, *args):
+    env = {"LORAPLEX_HOME": str(home), "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
+    return subprocess.run([sys.executable, "-m", "app.cli.main", *args], env=env, capture_output=True, text=True, check=True)
+
+
+def digest(folder):
+    h = hashlib.sha256()
+    for p in sorted(folder.rglob("*")):
+        if p.is_file():
+            h.update(p.name.encode() + p.read_bytes())
+    return h.hexdigest()
+
+
+def test_init_builds_the_embedded_default_deterministically(loraplex_home, tmp_path):
+    from app.embedded.setup import DEMO_ADAPTERS, model_dir
+
+    assert (model_dir(loraplex_home) / "config.json").exists()
+    assert (model_dir(loraplex_home) / "tokenizer.json").exists()
+    ids = {p.name for p in (loraplex_home / "store").iterdir()}
+    assert {s.adapter_id for s in DEMO_ADAPTERS} <= ids
+    assert any(s.kind == "experts" for s in DEMO_ADAPTERS) and any(s.kind == "attention" for s in DEMO_ADAPTERS)
+    other = tmp_path / "home2"
+    run_cli(other, "init")
+    assert digest(model_dir(other)) == digest(model_dir(loraplex_home))  # same seed, same bytes
+    before = digest(other / "store")
+    out = run_cli(other, "init")  # idempotent: nothing rebuilt or republished
+    assert digest(other / "store") == before and "ready" in out.stdout
+
+
+def test_tenants_add_prints_the_key_alone_on_its_last_line(tmp_path):
+    out = run_cli(tmp_path, "tenants", "add", "newco")
+    key = out.stdout.strip().splitlines()[-1]
+    assert " " not in key and key.startswith("lpx-")
+    assert TenantDirectory(tmp_path / "tenants.yaml").authenticate(f"Bearer {key}").name == "newco"
+    listed = run_cli(tmp_path, "tenants", "list").stdout
+    assert "newco" in listed and key not in listed
+
+
+def test_bench_lists_available_benchmarks(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "app.cli.main", "bench", "no-such-bench"], capture_output=True, text=True)
+    assert r.returncode == 2 and "serving" in r.stderr
+
+
+def test_serve_cleanup_removes_only_orphaned_new_shm_segments():
+    import uuid
+    from pathlib import Path
+
+    from app.cli import serve_cmd
+
+    shm = Path("/dev/shm")
+    assert shm.is_dir(), "Linux's /dev/shm is where vLLM's engine leaves segments"
+    tag = uuid.uuid4().hex
+    old = shm / f"lpx-test-old-{tag}"
+    old.write_bytes(b"x")
+    before = set(shm.iterdir())
+    orphan, held = shm / f"lpx-test-orphan-{tag}", shm / f"lpx-test-held-{tag}"
+    orphan.write_bytes(b"x")
+    held.write_bytes(b"x")
+    try:
+        with open(held, "rb"):  # another user of the segment: it must survive
+            serve_cmd._remove_new_shm(before)
+        assert not orphan.exists() and held.exists() and old.exists()
+    finally:
+        for p in (old, orphan, held):
+            p.unlink(missing_ok=True)
