@@ -71,8 +71,9 @@ class EngineServer:
         self._error_from_exception = vllm_serving.error_from_exception
         self.store = open_store(self.cfg.resolved_store_uri(), self.cfg.s3_endpoint_url)
         self.cache = AdapterCache(self.cfg.resolved_cache_dir() / _cache_name(), self.cfg.cache_max_bytes)
+        self.lora_ops = vllm_serving.ServingLoraOps(self.serving)
         self.slots = AdapterSlots(
-            vllm_serving.ServingLoraOps(self.serving), self.cache, ecfg.max_cpu_loras,
+            self.lora_ops, self.cache, ecfg.max_cpu_loras,
             base=_base_model_info(ecfg.resolved_model()), max_lora_rank=ecfg.max_lora_rank,
         )
         self.expert_lora_refusal = expert_lora_refusal()
@@ -102,13 +103,15 @@ class EngineServer:
         """Serve calls this periodically; ``app.routing.router`` ranks replicas by it."""
         return {"resident": self.slots.resident(), "free_slots": self.slots.free_slots}
 
-    def residency(self) -> dict[str, Any]:
-        """The slot table (LRU order) and the disk cache of this replica (admin view)."""
+    async def residency(self) -> dict[str, Any]:
+        """The slot table (LRU order), the adapters the vLLM engine has registered (its
+        ``lora_int_id``s: always those of the table) and the disk cache of this replica."""
         return {
             "replica": self.replica,
             "capacity": self.slots.capacity,
             "free_slots": self.slots.free_slots,
             "slots": self.slots.snapshot(),
+            "engine_lora_ids": sorted(await self.lora_ops.list_loras()),
             "cache": {"used_bytes": self.cache.used_bytes, "entries": self.cache.snapshot()},
         }
 
@@ -117,7 +120,7 @@ class EngineServer:
         m = AdapterManifest.model_validate(manifest)
         self._check_applicable(m)
         await self.slots.pin(self.store, m)
-        return self.residency()
+        return await self.residency()
 
     def unpin_adapter(self, adapter_id: str) -> dict[str, Any]:
         return {"rows_unpinned": self.slots.unpin(adapter_id)}

@@ -162,6 +162,10 @@ class ServingLoraOps:
         self._models.lora_requests[lora_request.lora_name] = lora_request
         return ok
 
+    async def list_loras(self) -> set[int]:
+        """The ``lora_int_id``s registered with the engine (vLLM's own view)."""
+        return set(await self._engine.list_loras())
+
     async def remove_lora(self, lora_int_id: int) -> bool:
         for name, req in list(self._models.lora_requests.items()):
             if req.lora_int_id == lora_int_id:

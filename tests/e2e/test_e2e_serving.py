@@ -45,29 +45,45 @@ def test_adapters_match_peft_and_differ_from_base(serve_stack, embedded_model_di
         assert served != ref.greedy(embedded_model_dir, None, ids, MAX_TOKENS)
 
 
-def test_expert_lora_adapter_matches_peft(serve_stack, embedded_model_dir, demo_adapter_sources):
-    """An attention + MoE-expert adapter (pushed in PEFT's fused 3-D layout) equals PEFT exactly."""
+def test_expert_lora_adapter_matches_peft(serve_stack, embedded_model_dir, demo_adapter_sources,
+                                         tmp_path):
+    """An attention + MoE-expert adapter (pushed in PEFT's fused 3-D layout) equals PEFT exactly,
+    and its expert part shows: without it PEFT's greedy tokens differ."""
+    from tests.helpers.expert_lora import attention_only_copy
+
+    src = demo_adapter_sources["acme-experts"]
+    attention_only = attention_only_copy(src, tmp_path / "attention-only")
+    expert_part_shows = False
     for prompt in PROMPTS:
         ids = ref.chat_prompt_ids(embedded_model_dir, prompt)
-        expected = ref.greedy(embedded_model_dir, demo_adapter_sources["acme-experts"], ids, MAX_TOKENS)
+        expected = ref.greedy(embedded_model_dir, src, ids, MAX_TOKENS)
         assert served_chat_ids(serve_stack, "acme", "acme-experts", prompt) == expected
+        expert_part_shows |= expected != ref.greedy(embedded_model_dir, attention_only, ids,
+                                                    MAX_TOKENS)
+    assert expert_part_shows, "the expert LoRA changes no greedy token: this test proves nothing"
 
 
 def test_per_expert_2d_adapter_pushed_to_s3_matches_merged_model(serve_stack, embedded_model_dir, tmp_path):
     """PEFT's per-expert (2-D) layout, with independent gate/up A matrices, through the stack."""
     from adapters_registry.manifest import BaseModelInfo
     from adapters_registry.stores import open_store
-    from tests.helpers.expert_lora import greedy_with, merged_model, write_per_expert_adapter
+    from tests.helpers.expert_lora import (attention_only_copy, greedy_with, merged_model,
+                                           write_per_expert_adapter)
 
     src = write_per_expert_adapter(embedded_model_dir, tmp_path / "experts-2d", rank=8, seed=5)
     store = open_store(serve_stack.store_uri, serve_stack.s3_endpoint)
     m = store.publish(src, "acme-experts-2d", "acme", BaseModelInfo.from_model_dir(embedded_model_dir))
     assert m.has_expert_lora and m.layout == "2d"
     model = merged_model(embedded_model_dir, src)
+    attention_only = merged_model(embedded_model_dir, attention_only_copy(src, tmp_path / "attn"))
     eos = ref.tokenizer(str(embedded_model_dir)).eos_token_id
+    expert_part_shows = False
     for prompt in PROMPTS:
-        expected = greedy_with(model, ref.chat_prompt_ids(embedded_model_dir, prompt), MAX_TOKENS, eos)
+        ids = ref.chat_prompt_ids(embedded_model_dir, prompt)
+        expected = greedy_with(model, ids, MAX_TOKENS, eos)
         assert served_chat_ids(serve_stack, "acme", "acme-experts-2d", prompt) == expected
+        expert_part_shows |= expected != greedy_with(attention_only, ids, MAX_TOKENS, eos)
+    assert expert_part_shows, "the expert LoRA changes no greedy token: this test proves nothing"
 
 
 def test_per_adapter_route_streaming_completion(serve_stack, embedded_model_dir, demo_adapter_sources):
@@ -155,18 +171,28 @@ def test_admin_api_needs_an_operator_and_shows_residency(serve_stack):
     r = httpx.get(serve_stack.base_url + "/admin/residency", headers=serve_stack.headers("operator"), timeout=30)
     assert r.status_code == 200
     view = r.json()
-    assert len(view["slots"]) + view["free_slots"] == view["capacity"]
+    assert view["capacity"] == 4  # deploy/config.yaml's max_cpu_loras
+    # the slot table is the engine's registry: vLLM holds exactly the table's adapters
+    assert sorted(row["lora_int_id"] for row in view["slots"]) == view["engine_lora_ids"]
     assert all(row["adapter_id"] and row["version"] >= 1 for row in view["slots"])
 
 
+def completion_replica(stack, tenant: str, model: str) -> str:
+    body = {"model": model, "prompt": "affinity", "max_tokens": 1}
+    r = httpx.post(stack.base_url + "/v1/completions", headers=stack.headers(tenant), json=body,
+                   timeout=60)
+    assert r.status_code == 200, r.text
+    return r.headers["x-loraplex-replica"]
+
+
 def test_adapter_affinity_keeps_an_adapter_on_the_replica_holding_it(serve_stack):
-    """Serve's default router would spread these over both replicas (all equal: p = 1/128)."""
-    body = {"model": "globex-legal", "prompt": "affinity", "max_tokens": 1}
-    replicas = [
-        httpx.post(serve_stack.base_url + "/v1/completions", headers=serve_stack.headers("globex"), json=body, timeout=60)
-        .headers["x-loraplex-replica"]
-        for _ in range(8)
-    ]
+    """Both replicas serve (the base model goes to the least loaded, so sequential requests
+    reach both), yet 16 requests for one adapter stay on the replica that holds it; Serve's
+    default router would spread them (all on one replica by chance: p = 2^-15)."""
+    seen = {completion_replica(serve_stack, "acme", "loraplex-base") for _ in range(16)}
+    seen |= {completion_replica(serve_stack, "acme", a) for a in ("acme-support", "acme-experts")}
+    assert len(seen) == 2, f"expected both engine replicas to answer, saw {seen}"
+    replicas = [completion_replica(serve_stack, "globex", "globex-legal") for _ in range(16)]
     assert len(set(replicas)) == 1, replicas
 
 

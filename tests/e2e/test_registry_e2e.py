@@ -108,6 +108,8 @@ def test_more_adapters_than_residency_under_concurrency(serve_stack, embedded_mo
         assert _ids(r.json()) == expected[aid], aid
     view = httpx.get(serve_stack.base_url + "/admin/residency", headers=serve_stack.headers("operator"), timeout=60).json()
     assert len(view["slots"]) <= view["capacity"]
+    assert sorted(row["lora_int_id"] for row in view["slots"]) == view["engine_lora_ids"]
+    assert not any(row["active_requests"] for row in view["slots"])  # no pin outlives its request
     for aid in ids:
         httpx.delete(f"{serve_stack.base_url}/admin/adapters/{aid}", headers=serve_stack.headers("operator"), timeout=60)
 

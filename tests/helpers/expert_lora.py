@@ -129,6 +129,22 @@ def write_per_expert_adapter(model_dir: Path, dest: Path, rank: int, seed: int, 
     return dest
 
 
+def attention_only_copy(adapter_dir: Path, dest: Path) -> Path:
+    """The adapter without its expert LoRA (attention tensors only, targets q/k/v/o): what an
+    engine that dropped the expert part would serve."""
+    from safetensors.torch import save_file
+
+    tensors, config = read_adapter(adapter_dir)
+    kept = {k: v for k, v in tensors.items() if _ATTENTION.match(k)}
+    assert kept and len(kept) < len(tensors), "expected attention and expert tensors"
+    dest.mkdir(parents=True, exist_ok=True)
+    save_file(kept, str(dest / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    config = dict(config, target_modules=sorted({_ATTENTION.match(k)["mod"].rsplit(".", 1)[-1]
+                                                 for k in kept}), target_parameters=None)
+    (dest / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2))
+    return dest
+
+
 def merged_model(model_dir: Path, adapter_dir: Path):
     """transformers model (fp32) with a 2-D adapter (attention + per-expert) merged into its weights."""
     from transformers import AutoModelForCausalLM

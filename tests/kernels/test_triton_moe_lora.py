@@ -223,20 +223,47 @@ def test_gpu_model_shapes_bf16(shape, num_tokens, seed):
 
 
 @pytest.mark.parametrize("mxfp4", [False, True])
-def test_warm_up_runs_every_config_and_leaves_weights_alone(mxfp4, seed):
+def test_warm_up_launches_every_variant_serving_launches(mxfp4, seed, monkeypatch):
+    """Every kernel variant a served batch of each config's M launches (real routing, adapters,
+    tokens without one) was launched by the warm-up, so none compiles while serving; the
+    warm-up only reads the weights."""
+    from kernels.moe_lora.activation import swiglu_rows_without_lora
     from kernels.moe_lora.align import align_chunk
     from kernels.moe_lora.ops import warm_up
+    from tests.helpers.launch_spy import LaunchSpy
 
     assert [align_chunk(n) for n in (1, 256, 257, 1024, 1025, 10**6)] == [
         256, 256, 1024, 1024, 4096, 4096]
-    p = random_moe_lora_problem(3, 40, 24, 5, 2, 3, 8, device=DEV, seed=seed)
+    e, k, n_slots = 5, 2, 3
+    p = random_moe_lora_problem(3, 40, 24, e, k, n_slots, 8, device=DEV, seed=seed)
     lora = p["lora"]
-    before = [w.clone() for w in (lora.w13_a, lora.w13_b, lora.w2_a, lora.w2_b)]
+    weights = (lora.w13_a, lora.w13_b, lora.w2_a, lora.w2_b)
+    before = [w.clone() for w in weights]
     configs = [(1, forced_config(16, 2, 16, 16, naive=True)), (6, forced_config(32, 1, 32, 32)),
                (9, forced_config(16, 1, 32, 32, parallel=True))]
-    warm_up(lora.w13_a, lora.w13_b, lora.w2_a, lora.w2_b, 5, 2, configs, mxfp4=mxfp4)
-    for w, b in zip((lora.w13_a, lora.w13_b, lora.w2_a, lora.w2_b), before):
-        assert torch.equal(w, b)
+    spy = LaunchSpy(monkeypatch)
+    with spy.phase("warm-up") as warmed:
+        warm_up(*weights, e, k, configs, mxfp4=mxfp4)
+    assert all(torch.equal(w, b) for w, b in zip(weights, before))
+    with spy.phase("serving") as served:
+        for m, cfg in configs:
+            q = random_moe_lora_problem(m, 40, 24, e, k, n_slots, 8, device=DEV, seed=seed + m)
+            enabled = q["lora"].has_experts.to(torch.int32)
+            ops = MoELoRAOps(q["topk_ids"], q["token_lora"], enabled, e, 40, 24, 8, n_slots,
+                             config=cfg)
+            rows = m * k
+            y13 = torch.zeros(rows, 48, device=DEV)
+            rmap = torch.randperm(rows).to(torch.int32).to(DEV) if mxfp4 else None
+            ops.add_w13(y13, q["x"], lora.w13_a, lora.w13_b, row_map=rmap)
+            if mxfp4:
+                act = torch.empty(rows, 24, device=DEV)
+                ops.add_w13(y13, q["x"], lora.w13_a, lora.w13_b, act=act, row_map=rmap)
+                swiglu_rows_without_lora(act, y13, q["topk_ids"], q["token_lora"], enabled, e,
+                                         row_map=rmap)
+            ops.add_w2(torch.zeros(rows, 40, device=DEV), torch.randn(rows, 24, device=DEV),
+                       lora.w2_a, lora.w2_b, q["topk_weights"], row_map=rmap)
+    assert served, "the served batches launched nothing: the spy sees no launch"
+    assert served <= warmed, f"served variants the warm-up never launched: {served - warmed}"
 
 
 @pytest.mark.parametrize("parallel", [False, True])

@@ -52,9 +52,10 @@ def installed() -> bool:
 
 def uninstall() -> None:
     """Restores vLLM's own functions and forgets what was tracked (tests, the equality bench)."""
-    from kernels.vllm.cuda import dense, live, mapping, moe
+    from kernels.vllm.cuda import dense, live, mapping, moe, punica
 
     PATCHES.undo()
+    punica.reset()
     moe.reset()
     dense.reset()
     live.reset()

@@ -13,14 +13,15 @@ from __future__ import annotations
 
 from vllm.lora.punica_wrapper.punica_gpu import PunicaWrapperGPU
 
-from kernels.vllm import cuda
 from kernels.vllm.cuda import dense, live, mapping
 from kernels.vllm.patching import Patches
 
+_installed = [False]  # loraplex's CUDA path is installed: its wrapper runs loraplex's code
+
 
 def _ours() -> bool:
-    """loraplex's CUDA path is installed (a flag of the process, traced as a constant)."""
-    return cuda.PATCHES.active
+    """A flag of the process (read as a constant when torch.compile traces a forward)."""
+    return _installed[0]
 
 
 class LoraplexPunicaWrapper(PunicaWrapperGPU):
@@ -57,3 +58,9 @@ def install(patches: Patches) -> None:
     from vllm.platforms import current_platform
 
     patches.replace(type(current_platform), "get_punica_wrapper", classmethod(_name_ours))
+    _installed[0] = True
+
+
+def reset() -> None:
+    """Existing wrappers behave as vLLM's again (after the patches are undone)."""
+    _installed[0] = False

@@ -64,9 +64,12 @@ def test_attention_adapter_and_base_still_match_the_reference(engine_off, lorapl
     prompt = "the expert said"
     ids = ref.prompt_ids(embedded_model_dir, prompt)
     body = {"prompt": prompt, "max_tokens": 8, "temperature": 0, "logprobs": 1, "return_tokens_as_token_ids": True}
+    outputs = []
     for adapter_id, source in (("acme-support", demo_adapter_sources["acme-support"]), (None, None)):
         m = manifest(loraplex_home, adapter_id) if adapter_id else None
         out = loop.run_until_complete(server.generate("completion", body, m))
         assert out["status"] == 200, out
         served = [int(t.split(":")[1]) for t in out["body"]["choices"][0]["logprobs"]["tokens"]]
         assert served == ref.greedy(embedded_model_dir, source, ids, 8)
+        outputs.append(served)
+    assert outputs[0] != outputs[1]  # the attention adapter shows in the output

@@ -237,6 +237,7 @@ def test_requests_without_adapter_unchanged_by_lora(served, embedded_model_dir):
 
 def test_attention_adapter_matches_peft(served, adapters, embedded_model_dir):
     assert served["attention"] == _peft_greedy(embedded_model_dir, adapters["attention"])
+    assert served["attention"] != served["base"]  # the adapter shows in the output
 
 
 def test_fused_3d_expert_adapter_matches_peft(served, adapters, embedded_model_dir):
