@@ -26,7 +26,13 @@ from pathlib import Path
 from typing import Callable
 
 from . import metrics
-from .errors import AdapterInvalid, AdapterNotFound, CacheFull, RegistryError, StoreUnavailable
+from .errors import (
+    AdapterInvalid,
+    AdapterNotFound,
+    CacheFull,
+    RegistryError,
+    StoreUnavailable,
+)
 from .manifest import AdapterManifest
 from .stores.base import AdapterStore
 from .verify import sha256_file

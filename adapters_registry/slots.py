@@ -22,7 +22,13 @@ from typing import Any, AsyncIterator, Callable, Protocol
 
 from . import metrics
 from .cache import AdapterCache
-from .errors import AdapterConflict, AdapterInvalid, AdapterLoadFailed, RegistryError, SlotsExhausted
+from .errors import (
+    AdapterConflict,
+    AdapterInvalid,
+    AdapterLoadFailed,
+    RegistryError,
+    SlotsExhausted,
+)
 from .manifest import AdapterManifest, BaseModelInfo
 from .stores.base import AdapterStore
 from .validation import inspect_adapter

@@ -10,7 +10,13 @@ from __future__ import annotations
 
 import logging
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+)
 
 logger = logging.getLogger(__name__)
 LABELS = ("tenant", "adapter", "kind", "status")

@@ -136,10 +136,9 @@ def main() -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
-    import torch
-
     import boto3
     import moto
+    import torch
 
     print(f"\nregistry cold/warm: {os.cpu_count()} CPUs; Python {platform.python_version()}; torch {torch.__version__}; "
           f"boto3 {boto3.__version__}; {args.server} (moto {moto.__version__}) child process on 127.0.0.1; "

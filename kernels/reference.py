@@ -36,6 +36,7 @@ import torch
 
 from kernels.moe_math import MoELoRAWeights, apply_activation
 
+
 def lora_delta(
     x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: torch.Tensor | float
 ) -> torch.Tensor:

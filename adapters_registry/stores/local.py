@@ -19,8 +19,8 @@ from urllib.parse import unquote, urlparse
 
 from ..errors import AdapterConflict, AdapterNotFound, StoreUnavailable
 from ..manifest import MANIFEST_NAME, AdapterManifest
-from .base import TOMBSTONE_NAME, AdapterStore, copy_fsync, fsync_dir, read_json
 from ..validation import check_id
+from .base import TOMBSTONE_NAME, AdapterStore, copy_fsync, fsync_dir, read_json
 
 
 def path_from_uri(uri: str) -> Path:

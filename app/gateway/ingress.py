@@ -21,11 +21,18 @@ from ray.serve.handle import DeploymentHandle
 
 from adapters_registry.errors import RegistryError
 from app import metrics
+from app.config import AppConfig
+from app.errors import (
+    BadRequest,
+    Forbidden,
+    NotFound,
+    NotReady,
+    error_response,
+    json_error,
+)
 from app.gateway import admin_routes
 from app.gateway.admission import Admission
 from app.gateway.catalog import AdapterCatalog
-from app.config import AppConfig
-from app.errors import BadRequest, Forbidden, NotFound, NotReady, error_response, json_error
 from app.gateway.tenants import Tenant, TenantDirectory
 
 api = FastAPI(title="loraplex", description="Multi-tenant LoRA serving for MoE LLMs")

@@ -15,7 +15,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ray.serve.request_router import FIFOMixin, PendingRequest, ReplicaID, RequestRouter, RunningReplica
+from ray.serve.request_router import (
+    FIFOMixin,
+    PendingRequest,
+    ReplicaID,
+    RequestRouter,
+    RunningReplica,
+)
 
 from app.routing.placement import ReplicaView, rank_replicas
 

@@ -27,9 +27,9 @@ def main() -> None:
     from vllm import LLM, SamplingParams
     from vllm.lora.request import LoRARequest
 
+    from adapters_registry.peft_layouts import convert_adapter_dir
     from app.embedded.adapters import build_peft_adapter
     from app.embedded.model import build_tiny_model
-    from adapters_registry.peft_layouts import convert_adapter_dir
 
     root = Path(tempfile.mkdtemp(prefix="bench-expert-lora-"))
     model = build_tiny_model(root / "model")

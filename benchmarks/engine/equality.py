@@ -29,9 +29,16 @@ import os
 import statistics
 import time
 
-from benchmarks.engine.gpt_oss_dummy import (adapter_requests, add_run_args, in_process_engine_env,
-                                      lora_engine, random_prompts, use_balanced_dummy_weights,
-                                      write_adapters, write_model_dir)
+from benchmarks.engine.gpt_oss_dummy import (
+    adapter_requests,
+    add_run_args,
+    in_process_engine_env,
+    lora_engine,
+    random_prompts,
+    use_balanced_dummy_weights,
+    write_adapters,
+    write_model_dir,
+)
 from kernels.vllm.plugin import SWITCH_ENV
 
 
@@ -46,7 +53,9 @@ def _greedy(out) -> tuple[list[int], list[float]]:
 
 
 def _ours_active() -> bool:
-    from vllm.model_executor.layers.fused_moe.experts.lora_experts_mixin import LoRAExpertsMixin
+    from vllm.model_executor.layers.fused_moe.experts.lora_experts_mixin import (
+        LoRAExpertsMixin,
+    )
 
     from kernels.vllm.cuda import moe
 

@@ -26,7 +26,6 @@ from pathlib import Path
 
 from benchmarks.shapes import GPT_OSS_20B_CONFIG
 
-
 # the release's quantization: experts in MXFP4; attention, router, embeddings, head in bf16
 MXFP4_QUANTIZATION = {
     "quant_method": "mxfp4",

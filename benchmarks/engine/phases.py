@@ -13,7 +13,11 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from benchmarks.engine.step_timeline import format_steps, phase_step_durations, prefill_steps
+from benchmarks.engine.step_timeline import (
+    format_steps,
+    phase_step_durations,
+    prefill_steps,
+)
 
 
 @dataclass

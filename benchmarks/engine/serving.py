@@ -42,7 +42,11 @@ RUN_ENV = {"base": {}, "loraplex": {"LORAPLEX_MOE_LORA": "1"},
 def prepare(model: str, workdir: Path, max_graph: int = 64) -> dict:
     """Model folder, adapter folders and engine arguments of ``model`` (done once, in the parent)."""
     if model.startswith("gptoss"):
-        from benchmarks.engine.gpt_oss_dummy import ENGINE_ARGS, write_adapters, write_model_dir
+        from benchmarks.engine.gpt_oss_dummy import (
+            ENGINE_ARGS,
+            write_adapters,
+            write_model_dir,
+        )
 
         model_dir = write_model_dir(workdir, mxfp4=model.endswith("mxfp4"))
         adapters = write_adapters(workdir / "adapters", 8, 32, 0.002)
@@ -50,9 +54,9 @@ def prepare(model: str, workdir: Path, max_graph: int = 64) -> dict:
                       compilation_config={"max_cudagraph_capture_size": max_graph})
         return {"model": str(model_dir), "adapters": [str(a) for a in adapters], "rank": 32,
                 "engine": engine, "balanced_dummy": True, "vocab": (1000, 200000)}
+    from adapters_registry.peft_layouts import convert_adapter_dir
     from app.embedded.adapters import build_peft_adapter
     from app.embedded.model import build_tiny_model
-    from adapters_registry.peft_layouts import convert_adapter_dir
 
     model_dir = build_tiny_model(workdir / "model")
     adapters = []

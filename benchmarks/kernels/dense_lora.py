@@ -23,9 +23,9 @@ import time
 
 import torch
 
+from benchmarks.kernels.cuda_timing import graph_us, log
 from benchmarks.kernels.moe_lora import copy_bandwidth_tbs
 from benchmarks.shapes import GPT_OSS_20B
-from benchmarks.kernels.cuda_timing import graph_us, log
 
 SHAPES = GPT_OSS_20B.dense_ops()
 SLOTS, RANK = 8, 32

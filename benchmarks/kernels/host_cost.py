@@ -65,9 +65,9 @@ def moe_case(m: int, gen) -> tuple:
 def run(ms: list[int], vary: int, calls: int) -> list[dict]:
     from kernels.dense_lora.groups import group_tokens
     from kernels.dense_lora.layer import DenseLoRALayer
-    from kernels.moe_lora.layer import MoELoRALayer
     from kernels.lora_tiles import pdl_supported
     from kernels.moe_lora.activation import swiglu_rows_without_lora
+    from kernels.moe_lora.layer import MoELoRALayer
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     moe = MoELoRALayer(_rnd(gen, SLOTS, E, R, H, std=H**-0.5),

@@ -81,11 +81,17 @@ def layer_steps(m: int, layers: list, seed: int = 0) -> tuple[dict, float]:
     """``{step: fn}`` running one step over every layer of ``layers`` (w13, p13, b13, w2, p2,
     b2), and the pair-order layer's relative error against the LoRA-off layer."""
     import triton_kernels.swiglu
-    from triton_kernels.matmul_ogs import FnSpecs, FusedActivation, GatherIndx, matmul_ogs
+    from triton_kernels.matmul_ogs import (
+        FnSpecs,
+        FusedActivation,
+        GatherIndx,
+        matmul_ogs,
+    )
     from triton_kernels.routing import routing as logits_routing
     from vllm import _custom_ops as ops
     from vllm.model_executor.layers.fused_moe.experts.gpt_oss_triton_kernels_moe import (
-        make_routing_data)
+        make_routing_data,
+    )
 
     from kernels.mxfp4.routing import routing_data
 

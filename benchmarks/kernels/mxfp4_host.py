@@ -25,7 +25,8 @@ def routing_calls(ids, weights, experts: int, calls: int) -> tuple[float, float,
     """Host µs of vLLM's ``make_routing_data`` and loraplex's ``routing_data`` for the same
     top-k, and 0 if their gather indices are equal (1 otherwise)."""
     from vllm.model_executor.layers.fused_moe.experts.gpt_oss_triton_kernels_moe import (
-        make_routing_data)
+        make_routing_data,
+    )
 
     from kernels.mxfp4.routing import routing_data
 
@@ -42,8 +43,15 @@ def main(argv: list[str] | None = None) -> int:
     import_triton_kernels()
     from triton_kernels.matmul_ogs import matmul_ogs
 
-    from benchmarks.kernels.mxfp4_experts import (EXPERTS, HIDDEN, INTER, TOP_K, expert_layers,
-                                                router_topk, sorted_row_inputs)
+    from benchmarks.kernels.mxfp4_experts import (
+        EXPERTS,
+        HIDDEN,
+        INTER,
+        TOP_K,
+        expert_layers,
+        router_topk,
+        sorted_row_inputs,
+    )
     from kernels.launch.kept_matmul_ogs import KeptMatmulOgs, kept_matmul_ogs
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

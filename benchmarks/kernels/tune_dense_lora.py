@@ -72,8 +72,8 @@ def gpu_timer(in_features: int, outs: tuple[int, ...], m: int, n_layers: int, sl
               rank: int, gen: torch.Generator) -> Timer:
     """``Timer`` of one shape and M on the current CUDA device: random stacks for ``n_layers``
     layers, ``m`` random tokens on slots t % slots."""
-    from benchmarks.kernels.dense_lora import random_stacks
     from benchmarks.kernels.cuda_timing import graph_us
+    from benchmarks.kernels.dense_lora import random_stacks
     from kernels.dense_lora.groups import group_tokens
     from kernels.dense_lora.launch import dense_lora_expand, dense_lora_shrink
     from kernels.lora_tiles import pdl_supported
@@ -99,8 +99,13 @@ def gpu_timer(in_features: int, outs: tuple[int, ...], m: int, n_layers: int, sl
 
 def main(argv: list[str] | None = None) -> int:
     from benchmarks.kernels.cuda_timing import log, tuner_arguments, tuner_run
-    from kernels.moe_lora.configs import (CONFIG_DIR, device_slug, open_config_file,
-                                                 record_run, save_config_file)
+    from kernels.moe_lora.configs import (
+        CONFIG_DIR,
+        device_slug,
+        open_config_file,
+        record_run,
+        save_config_file,
+    )
 
     ap = tuner_arguments(__doc__.splitlines()[0], MODELS, MS_DEFAULT, str(CONFIG_DIR))
     ap.add_argument("--ops", default=None, help="default: all of the model's (qkv,o)")

@@ -25,9 +25,8 @@ import torch
 
 from benchmarks.kernels.cuda_timing import graph_us as _graph_us
 from benchmarks.kernels.cuda_timing import log, tuner_arguments, tuner_run
-from kernels.moe_lora.align import PARALLEL_CHUNK, align_moe_lora
-from kernels.moe_lora.launch import moe_lora_expand, moe_lora_shrink
 from benchmarks.shapes import MODELS
+from kernels.moe_lora.align import PARALLEL_CHUNK, align_moe_lora
 from kernels.moe_lora.configs import (
     CONFIG_DIR,
     OpConfig,
@@ -39,6 +38,7 @@ from kernels.moe_lora.configs import (
     save_config_file,
     shape_key,
 )
+from kernels.moe_lora.launch import moe_lora_expand, moe_lora_shrink
 
 MS_DEFAULT = "1,2,4,8,16,32,64,128,256,512,1024,2048,4096"
 SHRINK_SPACE = dict(block_k=(64, 128, 256), split_k=(1, 2, 4, 8, 16), num_warps=(4,),

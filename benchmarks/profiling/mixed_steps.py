@@ -19,8 +19,8 @@ import os
 import statistics
 import time
 
-from benchmarks.profiling.forward_timer import ForwardTimer, summarize
 from benchmarks.engine.gpt_oss_dummy import random_prompts
+from benchmarks.profiling.forward_timer import ForwardTimer, summarize
 from benchmarks.profiling.host_sections import HostSections, mxfp4_engine_sections
 
 

@@ -37,10 +37,17 @@ import tempfile
 import time
 from collections import defaultdict
 
-from benchmarks.engine.gpt_oss_dummy import (ENGINE_ARGS, adapter_requests, add_run_args,
-                                      in_process_engine_env, lora_engine, random_prompts,
-                                      use_balanced_dummy_weights, write_adapters,
-                                      write_model_dir)
+from benchmarks.engine.gpt_oss_dummy import (
+    ENGINE_ARGS,
+    adapter_requests,
+    add_run_args,
+    in_process_engine_env,
+    lora_engine,
+    random_prompts,
+    use_balanced_dummy_weights,
+    write_adapters,
+    write_model_dir,
+)
 from benchmarks.profiling.host_profile import host_profile
 from benchmarks.profiling.mixed_steps import print_mixed_table, run_mixed, trace_file
 from benchmarks.profiling.runtime_calls import print_runtime_table, runtime_calls

@@ -21,9 +21,17 @@ import functools
 from collections.abc import Sequence
 from dataclasses import asdict
 
-from kernels.dense_lora.launch import DENSE_CONFIG_BUCKET_MS, DenseLoRAConfig, dense_config
-from kernels.moe_lora.configs import (device_slug_of, load_device_file, pick_bucket,
-                                             untuned_ms)
+from kernels.dense_lora.launch import (
+    DENSE_CONFIG_BUCKET_MS,
+    DenseLoRAConfig,
+    dense_config,
+)
+from kernels.moe_lora.configs import (
+    device_slug_of,
+    load_device_file,
+    pick_bucket,
+    untuned_ms,
+)
 
 PREFIX = "dense_lora"
 

@@ -12,9 +12,19 @@ from dataclasses import dataclass
 import torch
 
 from kernels.dense_lora.groups import TokenGroups
-from kernels.dense_lora.kernels import _dense_lora_expand_kernel, _dense_lora_shrink_kernel
-from kernels.launch.cached import (CachedLauncher, LaunchPlans, PreparedLaunch, aligned16, cdiv,
-                                    next_pow2, raw_stream)
+from kernels.dense_lora.kernels import (
+    _dense_lora_expand_kernel,
+    _dense_lora_shrink_kernel,
+)
+from kernels.launch.cached import (
+    CachedLauncher,
+    LaunchPlans,
+    PreparedLaunch,
+    aligned16,
+    cdiv,
+    next_pow2,
+    raw_stream,
+)
 from kernels.lora_tiles import rank_pad, split_k_plan
 
 MAX_SLICES = 3

@@ -10,8 +10,13 @@ import torch
 
 from kernels.dense_lora.configs import layer_dense_config, warm_up_configs
 from kernels.dense_lora.groups import TokenGroups
-from kernels.dense_lora.launch import (DenseLoRAConfig, as_3d, expand_with_plan, plan_tokens,
-                                       shrink_with_plan)
+from kernels.dense_lora.launch import (
+    DenseLoRAConfig,
+    as_3d,
+    expand_with_plan,
+    plan_tokens,
+    shrink_with_plan,
+)
 from kernels.launch.cached import PlanTable, aligned16, raw_stream
 
 

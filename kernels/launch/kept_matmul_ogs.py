@@ -32,8 +32,14 @@ import sys
 
 import torch
 
-from kernels.launch.arguments import (SCALARS, resolve, signature, tensor_paths, trace,
-                                      unwrap_pointer)
+from kernels.launch.arguments import (
+    SCALARS,
+    resolve,
+    signature,
+    tensor_paths,
+    trace,
+    unwrap_pointer,
+)
 from kernels.launch.cached import CachedLauncher, PlanTable, raw_stream
 
 _MATMUL_KERNELS = ("_matmul_ogs", "_p_matmul_ogs")

@@ -21,11 +21,17 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.launch.cached import (
+    CachedLauncher,
+    LaunchPlans,
+    aligned16,
+    cdiv,
+    next_pow2,
+    raw_stream,
+)
+from kernels.lora_tiles import row_map_arg
 from kernels.moe_lora.align import _row_keys
 from kernels.moe_math import SWIGLUOAI_ALPHA, SWIGLUOAI_LIMIT
-from kernels.launch.cached import (CachedLauncher, LaunchPlans, aligned16, cdiv, next_pow2,
-                                   raw_stream)
-from kernels.lora_tiles import row_map_arg
 
 BLOCK_ROWS, BLOCK_COLS = 16, 128
 

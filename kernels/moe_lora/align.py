@@ -39,8 +39,14 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.launch.cached import (CachedLauncher, PlanTable, aligned16, cdiv, next_pow2,
-                                    raw_stream)
+from kernels.launch.cached import (
+    CachedLauncher,
+    PlanTable,
+    aligned16,
+    cdiv,
+    next_pow2,
+    raw_stream,
+)
 
 
 @dataclass

@@ -20,9 +20,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.moe_lora.align import MoELoRABlocks
 from kernels.launch.cached import CachedLauncher, cdiv, next_pow2
 from kernels.lora_tiles import as_slices, rank_pad, row_map_arg
+from kernels.moe_lora.align import MoELoRABlocks
 
 
 @triton.jit

@@ -13,13 +13,20 @@ from collections.abc import Sequence
 
 import torch
 
-from kernels.moe_lora.align import MoELoRABlocks
-from kernels.moe_math import SWIGLUOAI_ALPHA, SWIGLUOAI_LIMIT
-from kernels.launch.cached import (CachedLauncher, LaunchPlans, PreparedLaunch, aligned16, cdiv,
-                                    next_pow2, raw_stream)
+from kernels.launch.cached import (
+    CachedLauncher,
+    LaunchPlans,
+    PreparedLaunch,
+    aligned16,
+    cdiv,
+    next_pow2,
+    raw_stream,
+)
 from kernels.lora_tiles import as_slices, rank_pad, row_map_arg, split_k_plan
+from kernels.moe_lora.align import MoELoRABlocks
 from kernels.moe_lora.configs import OpConfig
 from kernels.moe_lora.kernels import _moe_lora_expand_kernel, _moe_lora_shrink_kernel
+from kernels.moe_math import SWIGLUOAI_ALPHA, SWIGLUOAI_LIMIT
 
 _SHRINK_PLANS = LaunchPlans(CachedLauncher(_moe_lora_shrink_kernel))
 _EXPAND_PLANS = LaunchPlans(CachedLauncher(_moe_lora_expand_kernel))

@@ -18,10 +18,15 @@ from collections.abc import Sequence
 
 import torch
 
-from kernels.moe_lora.align import (MoELoRABlocks, block_layout, launch_align, layout_key,
-                                    layout_tables)
 from kernels.launch.cached import PlanTable, aligned16, raw_stream
 from kernels.lora_tiles import as_slices
+from kernels.moe_lora.align import (
+    MoELoRABlocks,
+    block_layout,
+    launch_align,
+    layout_key,
+    layout_tables,
+)
 from kernels.moe_lora.ops import MoELoRAOps
 
 

@@ -11,12 +11,12 @@ from collections.abc import Sequence
 
 import torch
 
-from kernels.moe_lora.align import ALIGN_CHUNKS, PARALLEL_CHUNK, align_moe_lora
 from kernels.lora_tiles import as_slices, pdl_supported
-from kernels.moe_lora.launch import expand_with_plan, shrink_with_plan
 from kernels.moe_lora.activation import swiglu_rows_without_lora
+from kernels.moe_lora.align import ALIGN_CHUNKS, PARALLEL_CHUNK, align_moe_lora
 from kernels.moe_lora.configs import get_layer_config
 from kernels.moe_lora.fused import moe_lora_fused
+from kernels.moe_lora.launch import expand_with_plan, shrink_with_plan
 
 
 class MoELoRAOps:

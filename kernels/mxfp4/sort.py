@@ -32,9 +32,13 @@ _LAUNCHERS: dict[str, CachedLauncher] = {}
 
 def _launchers() -> dict[str, CachedLauncher]:
     if not _LAUNCHERS:
-        from triton_kernels.reduction_details.reduce_bitmatrix import _sum_bitmatrix_rows
+        from triton_kernels.reduction_details.reduce_bitmatrix import (
+            _sum_bitmatrix_rows,
+        )
         from triton_kernels.routing_details._routing_compute import (
-            _combined_routing_compute, _combined_routing_memset)
+            _combined_routing_compute,
+            _combined_routing_memset,
+        )
 
         _LAUNCHERS.update(sums=CachedLauncher(_sum_bitmatrix_rows),
                           memset=CachedLauncher(_combined_routing_memset),

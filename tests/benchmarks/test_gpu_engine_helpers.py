@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from benchmarks.engine.gpt_oss_dummy import _rebalance, write_model_dir
 from benchmarks.engine.equality import compare
+from benchmarks.engine.gpt_oss_dummy import _rebalance, write_model_dir
 
 
 class _TinyGptOssLike(torch.nn.Module):

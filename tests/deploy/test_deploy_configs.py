@@ -11,8 +11,12 @@ import zipfile
 import pytest
 import yaml
 
-from tests.helpers.serve_configs import engine_argument_problems, serve_config_problems, vllm_gpu_args
 from tests.helpers.paths import REPO as ROOT
+from tests.helpers.serve_configs import (
+    engine_argument_problems,
+    serve_config_problems,
+    vllm_gpu_args,
+)
 
 PRODUCTION_CONFIGS = ["deploy/h200.yaml", "deploy/qwen3-30b-a3b.yaml"]
 

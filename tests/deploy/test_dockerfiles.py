@@ -15,6 +15,7 @@ import pytest
 import yaml
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
+
 from tests.helpers.paths import REPO as ROOT
 
 DOCKER = ROOT / "docker"

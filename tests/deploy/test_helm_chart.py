@@ -9,14 +9,17 @@ import json
 import sys
 from pathlib import Path
 
+import helm_python as helm
 import pytest
 import yaml
 
-import helm_python as helm
-
-from tests.helpers.k8s_objects import object_problems, openapi_to_jsonschema, rayservice_openapi
-from tests.helpers.serve_configs import serve_config_problems
+from tests.helpers.k8s_objects import (
+    object_problems,
+    openapi_to_jsonschema,
+    rayservice_openapi,
+)
 from tests.helpers.paths import REPO as ROOT
+from tests.helpers.serve_configs import serve_config_problems
 
 CHART = ROOT / "helm" / "loraplex"
 VALUES_FILES = {

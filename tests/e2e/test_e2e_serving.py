@@ -67,8 +67,12 @@ def test_per_expert_2d_adapter_pushed_to_s3_matches_merged_model(serve_stack, em
     """PEFT's per-expert (2-D) layout, with independent gate/up A matrices, through the stack."""
     from adapters_registry.manifest import BaseModelInfo
     from adapters_registry.stores import open_store
-    from tests.helpers.expert_lora import (attention_only_copy, greedy_with, merged_model,
-                                           write_per_expert_adapter)
+    from tests.helpers.expert_lora import (
+        attention_only_copy,
+        greedy_with,
+        merged_model,
+        write_per_expert_adapter,
+    )
 
     src = write_per_expert_adapter(embedded_model_dir, tmp_path / "experts-2d", rank=8, seed=5)
     store = open_store(serve_stack.store_uri, serve_stack.s3_endpoint)

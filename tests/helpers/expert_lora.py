@@ -10,7 +10,11 @@ from pathlib import Path
 
 import torch
 
-from adapters_registry.peft_layouts import ADAPTER_CONFIG, ADAPTER_WEIGHTS, FUSED_PARAM_ORDER
+from adapters_registry.peft_layouts import (
+    ADAPTER_CONFIG,
+    ADAPTER_WEIGHTS,
+    FUSED_PARAM_ORDER,
+)
 from kernels.moe_math import MoELoRAWeights
 
 _PER_EXPERT = re.compile(

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
-from pathlib import Path
-
-from tests.helpers.paths import REPO
 from typing import Any, Iterator
 
 import jsonschema
 import kubernetes_validate
 import yaml
+
+from tests.helpers.paths import REPO
 
 DATA = REPO / "tests" / "data"
 RAYSERVICE_SCHEMA = DATA / "kuberay_rayservice_v1_openapi.yaml"

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from kernels.moe_math import MoELoRAWeights, apply_activation
 from kernels.moe_lora.ops import MoELoRAOps
+from kernels.moe_math import MoELoRAWeights, apply_activation
 
 
 def moe_lora_layer(

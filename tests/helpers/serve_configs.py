@@ -18,10 +18,9 @@ import importlib
 import importlib.util
 import json
 from functools import lru_cache
-from pathlib import Path
+from typing import Any
 
 from tests.helpers.paths import REPO
-from typing import Any
 
 DATA = REPO / "tests" / "data"
 VLLM_GPU_ARGS = DATA / "vllm_0_24_0_engine_args.json"

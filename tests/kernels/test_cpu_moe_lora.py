@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.cpu.moe_lora import MoELoRASlices, moe_lora_cpu, moe_lora_cpu_sliced, pair_groups
+from kernels.cpu.moe_lora import (
+    MoELoRASlices,
+    moe_lora_cpu,
+    moe_lora_cpu_sliced,
+    pair_groups,
+)
 from kernels.moe_math import MoELoRAWeights
 from kernels.reference import moe_lora_reference, random_moe_lora_problem
 

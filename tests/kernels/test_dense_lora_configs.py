@@ -8,16 +8,23 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.shapes import GPT_OSS_20B, RANK, SLOTS
-
 from tests.helpers.triton_interpret import interpreter_unless_cuda
 
 with interpreter_unless_cuda():  # these import triton: keep later Triton tests in this process
-    from kernels.dense_lora import configs as dense_lora_configs
-    from kernels.moe_lora import configs as triton_moe_lora_configs
-    from kernels.dense_lora.configs import (dense_shape_key, dump_dense_config,
-                                            layer_dense_config, warm_up_configs)
-    from kernels.dense_lora.launch import DENSE_CONFIG_BUCKET_MS, DenseLoRAConfig, dense_config
     from benchmarks.kernels.tune_dense_lora import block_ms, shrink_tiles, tune_bucket
+    from kernels.dense_lora import configs as dense_lora_configs
+    from kernels.dense_lora.configs import (
+        dense_shape_key,
+        dump_dense_config,
+        layer_dense_config,
+        warm_up_configs,
+    )
+    from kernels.dense_lora.launch import (
+        DENSE_CONFIG_BUCKET_MS,
+        DenseLoRAConfig,
+        dense_config,
+    )
+    from kernels.moe_lora import configs as triton_moe_lora_configs
 
 QKV = (*GPT_OSS_20B.qkv, RANK, SLOTS)
 
@@ -108,8 +115,11 @@ def test_a_tuner_run_is_added_to_the_shapes_provenance_not_put_in_its_place():
 def test_moe_lookup_falls_back_to_the_heuristic_past_the_tuned_reach(tmp_path, monkeypatch):
     """A MoE shape tuned at decode sizes only (as the Qwen3 entry is): prefill batches do not
     get the 16-token layout."""
-    from kernels.moe_lora.configs import (default_layer_config, dump_layer_config,
-                                                 shape_key)
+    from kernels.moe_lora.configs import (
+        default_layer_config,
+        dump_layer_config,
+        shape_key,
+    )
 
     monkeypatch.setattr(triton_moe_lora_configs, "CONFIG_DIR", tmp_path)
     triton_moe_lora_configs.load_device_file.cache_clear()

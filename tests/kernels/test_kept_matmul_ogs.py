@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from kernels.launch import kept_matmul_ogs as kmo
 from kernels.launch import arguments as launch_arguments
+from kernels.launch import kept_matmul_ogs as kmo
 from tests.helpers.vllm_gpu import needs_vllm024_gpu
 
 
@@ -302,8 +302,13 @@ def test_kept_matmul_ogs_equals_matmul_ogs_on_mxfp4_experts(monkeypatch, m):
     import_triton_kernels()
     from triton_kernels.matmul_ogs import matmul_ogs
 
-    from benchmarks.kernels.mxfp4_experts import (HIDDEN, INTER, TOP_K, expert_layers,
-                                                sorted_row_inputs)
+    from benchmarks.kernels.mxfp4_experts import (
+        HIDDEN,
+        INTER,
+        TOP_K,
+        expert_layers,
+        sorted_row_inputs,
+    )
 
     monkeypatch.delenv("LORAPLEX_KEPT_MATMUL", raising=False)
     kmo._KEPT.pop(matmul_ogs, None)

@@ -11,7 +11,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.helpers.triton_interpret import interpreter_unless_cuda, interpreter_when_no_gpu
+from tests.helpers.triton_interpret import (
+    interpreter_unless_cuda,
+    interpreter_when_no_gpu,
+)
 from tests.helpers.vllm_gpu import needs_vllm024_gpu
 
 with interpreter_unless_cuda():
@@ -66,7 +69,9 @@ def test_inputs_equal_make_routing_datas_steps(rows, top_k, experts, id_dtype):
                                                 (1615, 4, 32), (8192, 4, 32), (300, 8, 128),
                                                 (77, 2, 40)])
 def test_routing_data_equals_vllms(rows, top_k, experts):
-    from vllm.model_executor.layers.fused_moe.experts import gpt_oss_triton_kernels_moe as oai
+    from vllm.model_executor.layers.fused_moe.experts import (
+        gpt_oss_triton_kernels_moe as oai,
+    )
 
     if not oai.use_legacy_triton_kernels:
         pytest.skip("triton_kernels with the v3.6 API: vLLM's own routing is used")

@@ -6,11 +6,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.cpu.moe_lora import moe_lora_cpu
 from adapters_registry.peft_layouts import fused_to_per_expert
+from kernels.cpu.moe_lora import moe_lora_cpu
 from kernels.moe_math import MoELoRAWeights
 from kernels.reference import moe_lora_reference
-from tests.helpers.expert_lora import per_expert_factors, read_adapter, reference_from_fused, scaling_of
+from tests.helpers.expert_lora import (
+    per_expert_factors,
+    read_adapter,
+    reference_from_fused,
+    scaling_of,
+)
 
 
 @pytest.fixture(scope="module")

@@ -11,14 +11,21 @@ import pytest
 import torch
 
 from benchmarks.shapes import MODELS
-
-from tests.helpers.triton_interpret import (HAS_CUDA, interpreter_unless_cuda, interpreter_when_no_gpu,
-                                            rel_err)
+from tests.helpers.triton_interpret import (
+    HAS_CUDA,
+    interpreter_unless_cuda,
+    interpreter_when_no_gpu,
+    rel_err,
+)
 
 with interpreter_unless_cuda():
     from kernels.dense_lora.groups import group_tokens
-    from kernels.dense_lora.launch import (DenseLoRAConfig, dense_config, dense_lora_expand,
-                                           dense_lora_shrink)
+    from kernels.dense_lora.launch import (
+        DenseLoRAConfig,
+        dense_config,
+        dense_lora_expand,
+        dense_lora_shrink,
+    )
 DEV = "cuda" if HAS_CUDA else "cpu"
 pytestmark = pytest.mark.usefixtures("interpreter_when_no_gpu")
 _ = interpreter_when_no_gpu  # the fixture, used through pytestmark

@@ -10,12 +10,16 @@ import pytest
 import torch
 
 from benchmarks.shapes import MODELS
-
-from tests.helpers.triton_interpret import (HAS_CUDA, interpreter_unless_cuda, interpreter_when_no_gpu,
-                                            rel_err)
+from tests.helpers.triton_interpret import (
+    HAS_CUDA,
+    interpreter_unless_cuda,
+    interpreter_when_no_gpu,
+    rel_err,
+)
 
 with interpreter_unless_cuda():
     import triton  # noqa: F401  (the interpreter's standard library, before the kernels)
+
     from kernels.moe_lora.align import align_moe_lora, layout_blocks, max_num_blocks
     from kernels.moe_lora.configs import OpConfig
     from kernels.moe_lora.ops import MoELoRAOps
@@ -324,8 +328,8 @@ FUSED_CASES = [
 def test_fused_single_launch_equals_the_op_pair(case):
     """The one-launch path for tiny batches gives what shrink + expand give (naive layout),
     for gate_up (1 or 2 slices, scale) and down (routing weights), adding or overwriting."""
-    from kernels.moe_lora.launch import moe_lora_expand, moe_lora_shrink
     from kernels.moe_lora.fused import moe_lora_fused
+    from kernels.moe_lora.launch import moe_lora_expand, moe_lora_shrink
 
     t, h, i, e, k, n_slots, r, slices, add = case
     g = torch.Generator().manual_seed(t * 7 + h)

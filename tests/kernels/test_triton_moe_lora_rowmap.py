@@ -13,11 +13,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.helpers.triton_interpret import interpreter_unless_cuda, interpreter_when_no_gpu
+from tests.helpers.triton_interpret import (
+    interpreter_unless_cuda,
+    interpreter_when_no_gpu,
+)
 
 with interpreter_unless_cuda():
-    from kernels.moe_lora.layer import MoELoRALayer
     from kernels.moe_lora.activation import swiglu_rows_without_lora
+    from kernels.moe_lora.layer import MoELoRALayer
     from kernels.moe_lora.ops import MoELoRAOps
     from tests.kernels.test_triton_moe_lora import DEV, forced_config
 
@@ -141,8 +144,8 @@ def test_complement_kept_launch_serves_nearby_token_counts(monkeypatch):
     first call prepares the launch, the others reuse it with their own tensors and row count):
     GPT-OSS's activation at the mapped row of every pair without expert LoRA (no adapter, a
     slot without expert LoRA), nothing anywhere else."""
-    from kernels.moe_lora import activation as act_mod
     from kernels.launch.cached import LaunchPlans
+    from kernels.moe_lora import activation as act_mod
 
     monkeypatch.setattr(act_mod, "_COMPLEMENT_PLANS", LaunchPlans(act_mod._COMPLEMENT, 256))
     prepared = []

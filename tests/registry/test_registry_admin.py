@@ -18,12 +18,11 @@ from adapters_registry.cache import AdapterCache
 from adapters_registry.manifest import CONFIG_NAME, WEIGHTS_NAME, AdapterManifest
 from adapters_registry.slots import AdapterSlots
 from adapters_registry.stores import open_store
-from tests.helpers.assets import tiny_assets
+from app.config import AppConfig
 from app.gateway.admin_routes import router
 from app.gateway.catalog import AdapterCatalog
-from app.config import AppConfig
 from app.gateway.tenants import TenantDirectory, TenantsFile
-
+from tests.helpers.assets import tiny_assets
 from tests.helpers.engines import RecordingEngine
 
 

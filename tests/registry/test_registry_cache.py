@@ -8,11 +8,16 @@ import threading
 import pytest
 
 from adapters_registry.cache import AdapterCache
-from adapters_registry.errors import AdapterInvalid, AdapterNotFound, CacheFull, StoreUnavailable
+from adapters_registry.errors import (
+    AdapterInvalid,
+    AdapterNotFound,
+    CacheFull,
+    StoreUnavailable,
+)
 from adapters_registry.manifest import WEIGHTS_NAME, BaseModelInfo
 from adapters_registry.stores import open_store
-from adapters_registry.verify import sha256_file
 from adapters_registry.stores.local import LocalAdapterStore
+from adapters_registry.verify import sha256_file
 from benchmarks.synthetic_adapters import synthetic_adapter
 from tests.helpers.aio import asynctest
 from tests.helpers.assets import tiny_assets

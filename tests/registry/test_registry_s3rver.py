@@ -16,10 +16,9 @@ from adapters_registry.stores import open_store
 from adapters_registry.verify import sha256_file
 from tests.helpers.aio import asynctest
 from tests.helpers.assets import tiny_assets
+from tests.helpers.engines import RecordingEngine
 from tests.helpers.s3 import S3ServerProcess
 from tests.helpers.s3 import s3rver_prefix as installed_s3rver
-
-from tests.helpers.engines import RecordingEngine
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,13 @@ from pathlib import Path
 import pytest
 
 from adapters_registry.cache import AdapterCache
-from adapters_registry.errors import AdapterConflict, AdapterInvalid, AdapterLoadFailed, CacheFull, SlotsExhausted
+from adapters_registry.errors import (
+    AdapterConflict,
+    AdapterInvalid,
+    AdapterLoadFailed,
+    CacheFull,
+    SlotsExhausted,
+)
 from adapters_registry.manifest import MANIFEST_NAME, AdapterManifest, BaseModelInfo
 from adapters_registry.slots import AdapterSlots
 from adapters_registry.stores import open_store

@@ -12,12 +12,17 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from adapters_registry.errors import AdapterConflict, AdapterInvalid, AdapterNotFound
-from adapters_registry.manifest import CONFIG_NAME, MANIFEST_NAME, WEIGHTS_NAME, BaseModelInfo
+from adapters_registry.manifest import (
+    CONFIG_NAME,
+    MANIFEST_NAME,
+    WEIGHTS_NAME,
+    BaseModelInfo,
+)
 from adapters_registry.stores import open_store
+from adapters_registry.validation import ValidationLimits
 from adapters_registry.verify import sha256_file
 from benchmarks.synthetic_adapters import synthetic_adapter
 from tests.helpers.assets import tiny_assets
-from adapters_registry.validation import ValidationLimits
 
 
 @pytest.fixture(scope="module")

@@ -16,10 +16,9 @@ from adapters_registry.verify import sha256_file
 from benchmarks.synthetic_adapters import synthetic_adapter
 from tests.helpers.aio import asynctest
 from tests.helpers.assets import tiny_assets
+from tests.helpers.engines import RecordingEngine
 from tests.helpers.net import StallingProxy
 from tests.helpers.s3 import MotoS3
-
-from tests.helpers.engines import RecordingEngine
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,9 @@ import os
 import pytest
 from pydantic import ValidationError
 
-from app.gateway.admission import Admission
 from app.config import AppConfig, EngineConfig
 from app.errors import RateLimited, Unauthorized, error_response
+from app.gateway.admission import Admission
 from app.gateway.tenants import Tenant, TenantDirectory, TenantsFile, hash_key
 
 

@@ -172,7 +172,9 @@ def lora_experts_class(native_cls: type) -> type:
     """The LoRA-capable subclass of a vLLM-CPU experts class (cached, one per native class)."""
     if native_cls in _cache:
         return _cache[native_cls]
-    from vllm.model_executor.layers.fused_moe.experts.lora_experts_mixin import LoRAExpertsMixin
+    from vllm.model_executor.layers.fused_moe.experts.lora_experts_mixin import (
+        LoRAExpertsMixin,
+    )
 
     cls = type(
         f"LoraplexLoRA{native_cls.__name__}",
@@ -201,7 +203,9 @@ def choose_lora_experts_cls(moe_config: Any, selected_cls: type | None) -> type 
     Configurations it cannot serve keep the native class, so vLLM refuses expert LoRA at engine
     start ("does not support LoRA") instead of failing on the first adapter request.
     """
-    from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+    from vllm.model_executor.layers.fused_moe.experts.cpu_moe import (
+        CPUUnquantizedExperts,
+    )
 
     if selected_cls is None or not issubclass(selected_cls, CPUUnquantizedExperts):
         return selected_cls

@@ -168,7 +168,9 @@ def install(patches: Patches) -> None:
     """Swaps the MoE-LoRA methods of ``LoRAExpertsMixin`` and adds the warm-up to
     ``FusedMoEWithLoRA.set_mapping`` (the caller checks the vLLM version)."""
     from vllm.lora.layers.fused_moe import FusedMoEWithLoRA
-    from vllm.model_executor.layers.fused_moe.experts.lora_experts_mixin import LoRAExpertsMixin
+    from vllm.model_executor.layers.fused_moe.experts.lora_experts_mixin import (
+        LoRAExpertsMixin,
+    )
 
     _vllm["apply_w13_lora"] = patches.replace(LoRAExpertsMixin, "apply_w13_lora", _apply_w13_lora)
     _vllm["apply_w2_lora"] = patches.replace(LoRAExpertsMixin, "apply_w2_lora", _apply_w2_lora)

@@ -58,7 +58,11 @@ def warm_up_layer(ctx, top_k: int, mxfp4: bool = False) -> None:
     CUDA-graph capture."""
     if ctx in _done_contexts:  # the per-step path: one lookup
         return
-    from kernels.moe_lora.configs import get_layer_config, tuned_layer_configs, untuned_ms
+    from kernels.moe_lora.configs import (
+        get_layer_config,
+        tuned_layer_configs,
+        untuned_ms,
+    )
     from kernels.moe_lora.ops import warm_up
 
     a13 = ctx.w13_lora_a_stacked

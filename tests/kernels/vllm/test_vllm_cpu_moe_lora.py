@@ -10,11 +10,15 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from kernels.vllm import capabilities
 from adapters_registry.peft_layouts import ADAPTER_WEIGHTS, convert_adapter_dir
 from kernels.reference import moe_lora_reference, random_moe_lora_problem
+from kernels.vllm import capabilities
 from tests.helpers import hf_reference as ref
-from tests.helpers.expert_lora import greedy_with, merged_model, write_per_expert_adapter
+from tests.helpers.expert_lora import (
+    greedy_with,
+    merged_model,
+    write_per_expert_adapter,
+)
 
 PROMPTS = ["Hello world, please write the answer", "The expert adapter will route 42 tokens"]
 MAX_NEW_TOKENS = 12
@@ -65,7 +69,9 @@ def test_install_refuses_other_vllm_versions(monkeypatch):
 
 
 def test_oracle_wrapper_selects_lora_capable_cpu_experts():
-    from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+    from vllm.model_executor.layers.fused_moe.experts.cpu_moe import (
+        CPUUnquantizedExperts,
+    )
 
     from kernels.vllm.cpu.experts import choose_lora_experts_cls
     from kernels.vllm.cpu.oracle import make_cpu_oracle

@@ -36,7 +36,9 @@ def test_accepts_024():
 
 def test_install_refuses_another_vllm_and_changes_nothing(monkeypatch):
     import vllm
-    from vllm.model_executor.layers.fused_moe.experts.lora_experts_mixin import LoRAExpertsMixin
+    from vllm.model_executor.layers.fused_moe.experts.lora_experts_mixin import (
+        LoRAExpertsMixin,
+    )
 
     before = LoRAExpertsMixin.apply_w13_lora
     monkeypatch.setattr(vllm, "__version__", "0.25.0")

@@ -13,8 +13,15 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from kernels.vllm.cuda.mapping import (NUMPY_FROM, _slot_of, convert_mapping, host_slots,
-                                       prepare_kernel_meta, slot_indices, update_metadata)
+from kernels.vllm.cuda.mapping import (
+    NUMPY_FROM,
+    _slot_of,
+    convert_mapping,
+    host_slots,
+    prepare_kernel_meta,
+    slot_indices,
+    update_metadata,
+)
 
 
 def loop_oracle(mapping, lora_index_to_id, max_loras, vocab_size, extra_vocab_size):

@@ -7,11 +7,10 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+from vllm.model_executor.layers.fused_moe.oracle import mxfp4 as oracle
 
 from kernels.vllm.cuda import mxfp4 as vllm_cuda_mxfp4
 from kernels.vllm.patching import Patches
-
-from vllm.model_executor.layers.fused_moe.oracle import mxfp4 as oracle
 
 
 def moe_config(lora=True, backend="auto", batched=False):

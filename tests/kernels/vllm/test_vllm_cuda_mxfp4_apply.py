@@ -300,7 +300,12 @@ def test_pair_order_steps_equal_the_lora_off_layer_on_mxfp4_weights(m):
     """Real MXFP4 experts (vLLM's weight layout): token gather + pair scatter, swiglu, pair-row
     w2 and ``moe_sum`` give the LoRA-off layer's output (fused swiglu, top-k sum in the GEMM);
     the layouts ``benchmarks.kernels.mxfp4_experts`` times."""
-    from benchmarks.kernels.mxfp4_experts import HIDDEN, INTER, layer_steps, mxfp4_experts
+    from benchmarks.kernels.mxfp4_experts import (
+        HIDDEN,
+        INTER,
+        layer_steps,
+        mxfp4_experts,
+    )
 
     assert unfused_class() is not None, \
         "vLLM's unfused MXFP4 experts (triton_kernels) do not import on this GPU"
