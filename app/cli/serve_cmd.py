@@ -1,10 +1,15 @@
 """``loraplex serve [CONFIG]``: init if needed, then ``serve run CONFIG`` until Ctrl-C or SIGTERM.
 
 ``serve run`` aborts on SIGTERM, so SIGTERM (and SIGINT) are forwarded to it as SIGINT, which
-stops Serve and the local Ray cluster it started; after a grace period the whole process group is
-killed. Shared-memory segments the run left orphaned in ``/dev/shm`` (new since the start, and
-held by no process) are removed afterwards. Once the app
-answers ``/readyz``, the demo keys and how to call the API are printed.
+stops Serve and the local Ray cluster it started. Whatever dispositions this process inherited
+(a shell's background job starts with SIGINT ignored), the handlers are in place before the child
+starts and the child starts with default ones. If the child has not stopped ``SHUTDOWN_GRACE_S``
+after the first signal, its process group gets SIGTERM, and ``KILL_GRACE_S`` later SIGKILL; once
+it has exited, anything left in its group is stopped the same way. Exit status: 0 after a
+requested stop, otherwise the child's (1 if it exited 0 on its own: the app died). Shared-memory
+segments the run left orphaned in ``/dev/shm`` (new since the start, and held by no process) are
+removed afterwards. Once the app answers ``/readyz``, the demo keys and how to call the API are
+printed.
 """
 
 from __future__ import annotations
@@ -22,7 +27,9 @@ import httpx
 import yaml
 
 DEFAULT_CONFIG = "deploy/config.yaml"
-SHUTDOWN_GRACE_S = 60.0
+SHUTDOWN_GRACE_S = float(os.environ.get("LORAPLEX_SHUTDOWN_GRACE_S", "60"))
+KILL_GRACE_S = 10.0
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 SHM = Path("/dev/shm")
 
 
@@ -74,6 +81,68 @@ def _serve_executable() -> list[str]:
     return [sys.executable, "-c", "from ray.serve.scripts import cli; cli()"]
 
 
+def _default_stop_signals() -> None:
+    """In the child before ``exec``: default dispositions (ignored ones are inherited)."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_DFL)
+
+
+class Supervisor:
+    """Runs ``serve run`` in its own process group and stops the group on request (module doc)."""
+
+    def __init__(self, cmd: list[str], env: dict[str, str]) -> None:
+        self.stop_requested_at: float | None = None
+        for signum in STOP_SIGNALS:  # before the child exists: no window without a handler
+            signal.signal(signum, self.request_stop)
+        self.proc = subprocess.Popen(cmd, env=env, start_new_session=True,
+                                     preexec_fn=_default_stop_signals)
+
+    def request_stop(self, signum=None, frame=None) -> None:
+        if self.stop_requested_at is None:
+            self.stop_requested_at = time.monotonic()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)  # serve run's clean shutdown
+
+    def wait(self) -> int:
+        """Until the child exits (escalating after a stop request), then until its group is
+        gone; returns the exit status of ``loraplex serve``."""
+        escalated = 0
+        while self.proc.poll() is None:
+            if self.stop_requested_at is not None:
+                late = time.monotonic() - self.stop_requested_at
+                if escalated == 0 and late > SHUTDOWN_GRACE_S:
+                    escalated = self._signal_group(signal.SIGTERM) or 1
+                elif escalated == 1 and late > SHUTDOWN_GRACE_S + KILL_GRACE_S:
+                    escalated = self._signal_group(signal.SIGKILL) or 2
+            time.sleep(0.2)
+        self._stop_leftovers()
+        if self.stop_requested_at is not None:
+            return 0
+        return self.proc.returncode or 1
+
+    def _signal_group(self, signum: int) -> int:
+        try:
+            os.killpg(self.proc.pid, signum)
+        except ProcessLookupError:
+            pass
+        return 1 if signum == signal.SIGTERM else 2
+
+    def _stop_leftovers(self) -> None:
+        """Processes left in the child's group (Ray's, vLLM's): SIGTERM, then SIGKILL."""
+        for signum, wait_s in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, 0.0)):
+            try:
+                os.killpg(self.proc.pid, signum)
+            except ProcessLookupError:
+                return
+            deadline = time.monotonic() + wait_s
+            while time.monotonic() < deadline:
+                try:
+                    os.killpg(self.proc.pid, 0)
+                except ProcessLookupError:
+                    return
+                time.sleep(0.2)
+
+
 def run(config: str) -> int:
     from app.embedded.setup import init, is_initialized
 
@@ -86,39 +155,16 @@ def run(config: str) -> int:
     env = dict(os.environ)
     env.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # single node: Ray binds loopback
     shm_before = set(SHM.iterdir()) if SHM.is_dir() else set()
-    cmd = _serve_executable() + ["run", "--address", "local", str(config_path)]
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
-
-    def forward(signum, frame):
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-
-    signal.signal(signal.SIGINT, forward)
-    signal.signal(signal.SIGTERM, forward)
+    supervisor = Supervisor(_serve_executable() + ["run", "--address", "local", str(config_path)],
+                            env)
     host, port = http_address(config_path)
     stop = threading.Event()
     threading.Thread(target=_announce_when_ready, args=(f"http://{host}:{port}", stop), daemon=True).start()
     try:
-        while proc.poll() is None:
-            time.sleep(0.5)
+        return supervisor.wait()
     finally:
         stop.set()
-        _stop_group(proc)
         _remove_new_shm(shm_before)
-    return proc.returncode or 0
-
-
-def _stop_group(proc: subprocess.Popen) -> None:
-    deadline = time.monotonic() + SHUTDOWN_GRACE_S
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-    while proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.5)
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
 
 
 def _remove_new_shm(before: set[Path]) -> None:

@@ -8,9 +8,11 @@ shutdown of Serve and the Ray cluster it started.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,13 +61,22 @@ def write_config(dest: Path, port: int, args_update: dict) -> Path:
     return dest
 
 
+def stack_env(home: Path, extra_env: dict | None = None) -> dict[str, str]:
+    """The environment of one stack: its own ``LORAPLEX_HOME`` (which marks its processes) and
+    its own Ray temp dir (short: Ray's socket paths must stay under 108 bytes), so stacks on
+    one machine never share a Ray session directory."""
+    ray_tmp = tempfile.mkdtemp(prefix="lpx-ray-", dir="/tmp")
+    return dict(os.environ, LORAPLEX_HOME=str(home), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+                RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0",
+                RAY_TMPDIR=ray_tmp, **(extra_env or {}))
+
+
 def start_stack(home: Path, workdir: Path, args_update: dict | None = None, extra_env: dict | None = None) -> Stack:
     from app.embedded.setup import demo_keys
 
     port = free_port()
     config = write_config(workdir / "serve-config.yaml", port, args_update or {})
-    env = dict(os.environ, LORAPLEX_HOME=str(home), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0", **(extra_env or {}))
+    env = stack_env(home, extra_env)
     log_path = workdir / "stack.log"
     log = open(log_path, "wb")
     proc = subprocess.Popen(
@@ -120,5 +131,7 @@ def stop_stack(stack: Stack, timeout_s: float = 120) -> None:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+    if stack.env.get("RAY_TMPDIR"):
+        shutil.rmtree(stack.env["RAY_TMPDIR"], ignore_errors=True)
     if left:
         raise RuntimeError(f"the stack left {len(left)} processes running after SIGTERM: {left}")
