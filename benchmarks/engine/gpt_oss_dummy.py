@@ -34,6 +34,7 @@ MXFP4_QUANTIZATION = {
 }
 
 
+BALANCED_ENV = "LORAPLEX_BALANCED_DUMMY"
 # engine settings every GPU run on this model shares (random weights, bf16 activations)
 ENGINE_ARGS = dict(load_format="dummy", dtype="bfloat16", max_num_seqs=64,
                    max_num_batched_tokens=8192, gpu_memory_utilization=0.85)
@@ -48,6 +49,36 @@ def write_model_dir(root: str | Path, mxfp4: bool) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(cfg, indent=1))
     return out
+
+
+def write_tokenizer(model_dir: str | Path, vocab_size: int | None = None) -> Path:
+    """A word-level tokenizer with one token per id (``t0`` ... ``t{vocab-1}``) in ``model_dir``,
+    so an OpenAI server can run the random-weight model: prompts as token ids, every generated
+    token a non-empty piece of text (no download; the model's vocabulary size)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    model_dir = Path(model_dir)
+    if (model_dir / "tokenizer.json").exists():
+        return model_dir
+    size = vocab_size or json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    vocab = {f"t{i}": i for i in range(size)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins pieces with spaces
+    eos = f"t{GPT_OSS_20B_CONFIG['eos_token_id']}"
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=eos, pad_token="t0",
+                            unk_token="t0").save_pretrained(str(model_dir))
+    return model_dir
+
+
+def register() -> None:
+    """vLLM general plugin (entry point registered on a benchmark host only, see
+    ``scripts/register_entry_points.py``): balanced dummy weights in every vLLM process that
+    has ``LORAPLEX_BALANCED_DUMMY=1``, so servers started as their own processes (``vllm
+    serve``, ray.serve.llm, loraplex) route like a real model too."""
+    if os.environ.get(BALANCED_ENV, "") == "1":
+        use_balanced_dummy_weights()
 
 
 def write_adapters(root: str | Path, count: int, rank: int, scale: float) -> list[Path]:

@@ -75,3 +75,12 @@ def tiny_assets() -> dict[str, Path]:
         peft_adapter(root / "experts3d", base, "experts3d", seed=2)
         _ASSETS = {"root": root, "base": base, "attn": root / "attn", "experts3d": root / "experts3d"}
     return _ASSETS
+
+
+def publish_synthetic(store, base, tmp_path: Path, n: int, r: int = 4, first_seed: int = 0) -> list:
+    """``n`` synthetic rank-``r`` adapters ``ad0`` ... published to ``store`` for tenant acme
+    (seeds ``first_seed`` + i); their manifests."""
+    from benchmarks.synthetic_adapters import synthetic_adapter
+
+    return [store.publish(synthetic_adapter(tmp_path / f"src{i}", base, r=r, seed=first_seed + i),
+                          f"ad{i}", "acme", base) for i in range(n)]

@@ -14,31 +14,16 @@ from adapters_registry.errors import (
     CacheFull,
     StoreUnavailable,
 )
-from adapters_registry.manifest import WEIGHTS_NAME, BaseModelInfo
+from adapters_registry.manifest import WEIGHTS_NAME
 from adapters_registry.stores import open_store
 from adapters_registry.stores.local import LocalAdapterStore
 from adapters_registry.verify import sha256_file
-from benchmarks.synthetic_adapters import synthetic_adapter
 from tests.helpers.aio import asynctest
-from tests.helpers.assets import tiny_assets
-
-
-@pytest.fixture(scope="module")
-def base() -> BaseModelInfo:
-    return BaseModelInfo.from_model_dir(tiny_assets()["base"])
-
-
-@pytest.fixture
-def store(tmp_path):
-    return open_store((tmp_path / "store").as_uri())
+from tests.helpers.assets import publish_synthetic
 
 
 def publish_n(store, base, tmp_path, n, r=4):
-    out = []
-    for i in range(n):
-        src = synthetic_adapter(tmp_path / f"src{i}", base, r=r, seed=100 + i)
-        out.append(store.publish(src, f"ad{i}", "acme", base))
-    return out
+    return publish_synthetic(store, base, tmp_path, n, r=r, first_seed=100)
 
 
 def cache_files(cache: AdapterCache) -> set[str]:

@@ -10,7 +10,7 @@ import pytest
 
 from adapters_registry.cache import AdapterCache
 from adapters_registry.errors import AdapterNotFound, StoreUnavailable
-from adapters_registry.manifest import WEIGHTS_NAME, BaseModelInfo
+from adapters_registry.manifest import WEIGHTS_NAME
 from adapters_registry.slots import AdapterSlots
 from adapters_registry.stores import open_store
 from adapters_registry.verify import sha256_file
@@ -24,11 +24,6 @@ from tests.helpers.s3 import s3rver_prefix as installed_s3rver
 @pytest.fixture(scope="module")
 def s3rver_prefix():
     return installed_s3rver()
-
-
-@pytest.fixture(scope="module")
-def base() -> BaseModelInfo:
-    return BaseModelInfo.from_model_dir(tiny_assets()["base"])
 
 
 def _store(server, bucket, **kw):

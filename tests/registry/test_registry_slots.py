@@ -20,30 +20,16 @@ from adapters_registry.errors import (
     CacheFull,
     SlotsExhausted,
 )
-from adapters_registry.manifest import MANIFEST_NAME, AdapterManifest, BaseModelInfo
+from adapters_registry.manifest import MANIFEST_NAME, AdapterManifest
 from adapters_registry.slots import AdapterSlots
-from adapters_registry.stores import open_store
 from benchmarks.synthetic_adapters import synthetic_adapter
 from tests.helpers.aio import asynctest
-from tests.helpers.assets import tiny_assets
+from tests.helpers.assets import publish_synthetic
 from tests.helpers.engines import RecordingEngine
 
 
-@pytest.fixture(scope="module")
-def base() -> BaseModelInfo:
-    return BaseModelInfo.from_model_dir(tiny_assets()["base"])
-
-
-@pytest.fixture
-def store(tmp_path):
-    return open_store((tmp_path / "store").as_uri())
-
-
 def publish_n(store, base, tmp_path, n) -> list[AdapterManifest]:
-    return [
-        store.publish(synthetic_adapter(tmp_path / f"src{i}", base, r=4, seed=i), f"ad{i}", "acme", base)
-        for i in range(n)
-    ]
+    return publish_synthetic(store, base, tmp_path, n)
 
 
 def make(tmp_path, capacity, cache_bytes=10**9, **kw):

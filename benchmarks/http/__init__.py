@@ -1,0 +1,1 @@
+"""HTTP load generator on the OpenAI API: workload, client, statistics, reports."""

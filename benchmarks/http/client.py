@@ -1,0 +1,87 @@
+"""The closed loop: streaming requests over one keep-alive connection pool, each measured from send to end."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import httpx
+
+from benchmarks.http.spec import LoadResult, LoadSpec, RequestRecord
+from benchmarks.http.sse import ERROR_BODY_CHARS, StreamState, finish_record, sse_events
+from benchmarks.http.stats import aggregate
+from benchmarks.http.workload import model_sequence, request_body
+
+
+async def send_one(client: httpx.AsyncClient, spec: LoadSpec, phase: str, index: int,
+                   adapter: str | None, t_phase: float) -> RequestRecord:
+    """Sends one streaming request and measures it."""
+    model = spec.target.model_name(adapter)
+    body = request_body(spec, model, phase, index)
+    key = spec.target.key_for(adapter, index)
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    path = "/v1/completions" if spec.endpoint == "completions" else "/v1/chat/completions"
+    state = StreamState(spec.endpoint)
+    t_send = time.perf_counter()
+    rec = RequestRecord(index=index, adapter=adapter, model=model, start_s=t_send - t_phase, status=None,
+                        ok=False, expected_output_tokens=spec.output_len)
+    try:
+        async with client.stream("POST", path, json=body, headers=headers) as resp:
+            rec.status = resp.status_code
+            if resp.status_code != 200:
+                rec.error = (await resp.aread()).decode(errors="replace")[:ERROR_BODY_CHARS]
+                rec.e2e_ms = (time.perf_counter() - t_send) * 1000
+                return rec
+            pending: list[tuple[float, str]] = []
+            async for line in resp.aiter_lines():
+                pending.append((time.perf_counter(), line))
+                if not line:
+                    for t, payload in sse_events(pending):
+                        state.add(t, payload)
+                    pending = []
+            for t, payload in sse_events(pending):
+                state.add(t, payload)
+    except (httpx.HTTPError, json.JSONDecodeError) as exc:
+        rec.error = f"{type(exc).__name__}: {exc}"[:ERROR_BODY_CHARS]
+        rec.e2e_ms = (time.perf_counter() - t_send) * 1000
+        return rec
+    return finish_record(rec, state, t_send, time.perf_counter())
+
+
+# ---- phases ----------------------------------------------------------------------------------
+async def closed_loop(client: httpx.AsyncClient, spec: LoadSpec, phase: str,
+                      models: list[str | None]) -> tuple[list[RequestRecord], float]:
+    """``spec.concurrency`` workers send the requests of ``models`` one after another; the
+    records in index order and the wall time from the first send to the last end."""
+    jobs = iter(enumerate(models))
+    records: list[RequestRecord] = []
+    t0 = time.perf_counter()
+
+    async def worker() -> None:
+        for index, adapter in jobs:
+            records.append(await send_one(client, spec, phase, index, adapter, t0))
+
+    await asyncio.gather(*(worker() for _ in range(min(spec.concurrency, len(models)))))
+    return sorted(records, key=lambda r: r.index), time.perf_counter() - t0
+
+
+async def run_load(spec: LoadSpec) -> LoadResult:
+    """Warm-up (every model in turn, not counted), then the measured closed loop."""
+    limits = httpx.Limits(max_connections=spec.concurrency, max_keepalive_connections=spec.concurrency,
+                          keepalive_expiry=60)
+    timeout = httpx.Timeout(spec.timeout_s, connect=30)
+    async with httpx.AsyncClient(base_url=spec.target.base_url, limits=limits, timeout=timeout,
+                                 http1=True, http2=False) as client:
+        warm, _ = await closed_loop(client, spec, "warmup",
+                                    model_sequence(spec, "warmup", spec.warmup_requests, "round-robin"))
+        records, wall = await closed_loop(client, spec, "measure",
+                                          model_sequence(spec, "measure", spec.num_requests, spec.popularity))
+    return LoadResult(system=spec.target.name, spec=spec, warmup_requests=len(warm),
+                      warmup_failures=sum(not r.ok for r in warm), records=records,
+                      aggregate=aggregate(records, wall))
+
+
+def run(spec: LoadSpec) -> LoadResult:
+    """``run_load`` from synchronous code."""
+    return asyncio.run(run_load(spec))
