@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# On a CUDA host with vLLM 0.24 (scripts/offline_install.sh, packages in /tmp/site): every test
+# file with GPU tests, then the MoE-LoRA and dense LoRA kernel benchmarks, logs into OUT_DIR.
+#   bash scripts/gpu_checks.sh OUT_DIR [tests|bench|all]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:?OUT_DIR}
+WHAT=${2:-all}
+mkdir -p "$OUT"
+export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1 \
+       HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv,noheader \
+    | tee "$OUT/gpu.txt"
+python3 -c "import vllm, torch, triton, sys; print('vllm', vllm.__version__, 'torch', torch.__version__, \
+'triton', triton.__version__, 'python', sys.version.split()[0])" | tee -a "$OUT/gpu.txt"
+python3 scripts/register_entry_points.py --target /tmp/site \
+    --entry-point vllm.general_plugins:loraplex_balanced_dummy=benchmarks.engine.gpt_oss_dummy:register
+status=0
+if [ "$WHAT" != bench ]; then
+  GPU_TESTS=(tests/kernels/test_triton_moe_lora.py tests/kernels/test_triton_moe_lora_rowmap.py
+             tests/kernels/test_triton_dense_lora.py tests/kernels/test_triton_launch.py
+             tests/kernels/test_kept_matmul_ogs.py tests/kernels/test_mxfp4_routing.py
+             tests/kernels/vllm/test_vllm_cuda.py tests/kernels/vllm/test_vllm_cuda_live.py
+             tests/kernels/vllm/test_vllm_cuda_mapping.py tests/kernels/vllm/test_vllm_cuda_mxfp4.py
+             tests/kernels/vllm/test_vllm_cuda_mxfp4_apply.py)
+  t0=$(date +%s)
+  python3 -m pytest -q -rs -p no:cacheprovider "${GPU_TESTS[@]}" 2>&1 | tee "$OUT/gpu_tests.log" | tail -15
+  status=${PIPESTATUS[0]}
+  echo "GPU tests: exit $status in $(( $(date +%s) - t0 )) s" | tee -a "$OUT/gpu_tests.log"
+fi
+if [ "$WHAT" != tests ]; then
+  python3 -m benchmarks.kernels.moe_lora --json "$OUT/moe_lora_bench.json" 2>&1 | tee "$OUT/moe_lora_bench.log" | tail -12
+  python3 -m benchmarks.kernels.dense_lora --ms 1,16,256,1616 --json "$OUT/dense_lora_bench.json" 2>&1 \
+      | tee "$OUT/dense_lora_bench.log" | tail -16
+fi
+exit "$status"
