@@ -164,10 +164,10 @@ def run(config: str) -> int:
         return supervisor.wait()
     finally:
         stop.set()
-        _remove_new_shm(shm_before)
+        remove_new_shm(shm_before)
 
 
-def _remove_new_shm(before: set[Path]) -> None:
+def remove_new_shm(before: set[Path]) -> None:
     """Removes shared-memory segments that appeared during the run and that no process still
     holds open or mapped (orphans of the stopped vLLM/Ray processes); others' are left alone."""
     if not SHM.is_dir():
