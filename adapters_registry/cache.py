@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .events import NO_OBSERVER, RegistryObserver
 from .errors import (
     AdapterInvalid,
     AdapterNotFound,
@@ -33,6 +32,7 @@ from .errors import (
     RegistryError,
     StoreUnavailable,
 )
+from .events import NO_OBSERVER, RegistryObserver
 from .manifest import AdapterManifest
 from .stores.base import AdapterStore
 from .verify import sha256_file

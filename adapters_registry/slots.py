@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Protocol
 
 from .cache import AdapterCache
-from .events import NO_OBSERVER, RegistryObserver
 from .errors import (
     AdapterConflict,
     AdapterInvalid,
@@ -29,6 +28,7 @@ from .errors import (
     RegistryError,
     SlotsExhausted,
 )
+from .events import NO_OBSERVER, RegistryObserver
 from .manifest import AdapterManifest, BaseModelInfo
 from .stores.base import AdapterStore
 from .validation import inspect_adapter
@@ -113,6 +113,7 @@ class AdapterSlots:
         self.observer = observer
         self._freed = asyncio.Event()
         self.stats = {"hits": 0, "misses": 0, "evictions": 0, "failures": 0}
+        self._report_residency()
 
     # ---- reports --------------------------------------------------------------------------------
     def resident(self) -> list[str]:

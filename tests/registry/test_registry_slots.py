@@ -207,8 +207,9 @@ async def test_events_per_tier(store, base, tmp_path):
     assert all(e[2] > 0 for e in log.named("loaded"))
     assert log.named("evicted", "engine") == [("evicted", "engine")] and not log.named("evicted", "disk")
     assert log.named("cache_bytes")[-1] == ("cache_bytes", cache.used_bytes) and cache.used_bytes > 0
-    # residency after each change: ad0 loaded; ad0 evicted; ad1 loaded (capacity 1)
-    assert log.named("residency") == [("residency", ("ad0",), 1), ("residency", (), 1), ("residency", ("ad1",), 1)]
+    # residency at start and after each change: empty; ad0 loaded; ad0 evicted; ad1 loaded
+    assert log.named("residency") == [("residency", (), 1), ("residency", ("ad0",), 1), ("residency", (), 1),
+                                      ("residency", ("ad1",), 1)]
     assert not log.named("failed")
 
 
