@@ -55,7 +55,7 @@ class TokenClock:
         if p.prompt_tokens is not None:
             self.prompt_tokens = p.prompt_tokens
         self.output_tokens = p.output_tokens if p.cumulative else self.output_tokens + p.output_tokens
-        if p.generated <= 0 or p.first_token_wall is None:
+        if p.generated <= 0 or (not self._first_seen and p.first_token_wall is None):
             return Step(None, 0.0, 0)
         ttft = None
         if not self._first_seen:

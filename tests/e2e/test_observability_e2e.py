@@ -16,13 +16,20 @@ import json
 import time
 import uuid
 from collections import Counter, defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.helpers.metrics_scrape import Scrape, dashboard_queries, scrape_until, series_of, targets
+from tests.helpers.metrics_scrape import (
+    Scrape,
+    dashboard_queries,
+    scrape_until,
+    series_of,
+    targets,
+)
 from tests.helpers.paths import REPO
 
 pytestmark = pytest.mark.e2e
@@ -130,12 +137,24 @@ def drive(serve_stack, embedded_model_dir, s3_server, tmp_path_factory) -> Drive
     call(ta, "chat", _body("chat", ids["a1"], 6), 200, ids["a1"])
     call(ta, "chat", _body("chat", ids["a1"], 9, prompt="a longer prompt about inter-token latency"), 200, ids["a1"])
     call(ta, "completion", _body("completion", ids["a1"], 8, stream=True), 200, ids["a1"])
+    # a new version: the replica holding version 1 retires it (an engine-tier eviction)
+    _publish(serve_stack, embedded_model_dir, root / "v2", ids["a1"], ta, "attention", 605)
+    time.sleep(1.5)  # the gateway's catalog keeps a manifest for up to a second
+    call(ta, "chat", _body("chat", ids["a1"], 5), 200, ids["a1"])
     call(ta, "completion", _body("completion", ids["a2"], 7), 200, ids["a2"])
     call(ta, "chat", _body("chat", ids["a2"], 5, stream=True), 200, ids["a2"])
     call(tb, "chat", _body("chat", ids["b1"], 4), 200, ids["b1"])
     call(tb, "chat", _body("chat", ids["b1"], 10), 200, ids["b1"])
     call(tb, "chat", _body("chat", ids["b1"], 6, stream=True), 200, ids["b1"])
-    call(ta, "completion", _body("completion", BASE, 3), 200, BASE)
+    # concurrent base-model requests go to the least loaded replica: both engines serve (a busy
+    # machine can finish each before the next arrives, so a few rounds are allowed)
+    long = {**_body("completion", BASE, 160), "ignore_eos": True}
+    for _ in range(4):
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda _: call(ta, "completion", long, 200, BASE), range(8)))
+        if len({c.replica for c in d.calls if c.adapter == BASE}) == 2:
+            break
+    assert len({c.replica for c in d.calls if c.status == 200}) == 2, "one engine replica served everything"
     call(tb, "chat", _body("chat", ids["a1"], 4), 403, "-", reaches_engine=False)  # another tenant's
     call(ta, "chat", _body("chat", f"obs-missing-{sfx}", 4), 404, "-", reaches_engine=False)
     call(ta, "chat", {**_body("chat", ids["a1"], 4), "messages": "not a list"}, 400, ids["a1"])  # vLLM refuses
@@ -217,6 +236,7 @@ def test_residency_and_engine_metrics_of_every_replica(drive):
     assert not any(v for (_, a), v in resident.items() if a == drive.adapters["bad"])
     assert s.total("ray_loraplex_adapter_load_failures_total", tier="disk", error="AdapterInvalid") >= 1
     assert s.total("ray_loraplex_adapter_lookups_total", tier="engine", result="miss") >= 3
+    assert s.total("ray_loraplex_adapter_evictions_total", tier="engine") >= 1  # a1's version 1 retired
     assert s.total("ray_loraplex_adapter_cache_bytes") > 0
     # vLLM's own engine metrics, from both replicas, tagged with the same replica ids
     for name in ("ray_vllm_num_requests_waiting", "ray_vllm_num_requests_running", "ray_vllm_kv_cache_usage_perc"):
