@@ -103,7 +103,9 @@ def metrics_path_costs(reps: int, tokens: int, label_sets: int) -> dict[str, flo
             req.finish(200)
         url = f"http://127.0.0.1:{ray._private.worker.global_worker.node.metrics_export_port}/metrics"
         deadline = time.monotonic() + 60
-        while f"adapter-{label_sets - 1}" not in httpx.get(url, timeout=30).text and time.monotonic() < deadline:
+        while f'adapter="adapter-{label_sets - 1}"' not in httpx.get(url, timeout=30).text:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the recorded series never reached the metrics export at {url}")
             time.sleep(1)
         out["local_scrape_ms"] = _scrape_ms(url)
         return out
