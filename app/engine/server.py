@@ -76,7 +76,7 @@ class EngineServer:
         self.store = open_store(self.cfg.resolved_store_uri(), self.cfg.s3_endpoint_url)
         self.replica = _replica_name()
         self.recorder = EngineRecorder(self.cfg.observability, self.replica)
-        registry_metrics = ReplicaRegistryMetrics(self.recorder.labels, self.replica)
+        self.registry_metrics = registry_metrics = ReplicaRegistryMetrics(self.recorder.labels, self.replica)
         self.cache = AdapterCache(self.cfg.resolved_cache_dir() / _cache_name(), self.cfg.cache_max_bytes,
                                   observer=registry_metrics)
         self.lora_ops = vllm_serving.ServingLoraOps(self.serving)
@@ -97,8 +97,9 @@ class EngineServer:
             serving.engine.shutdown()
 
     async def check_health(self) -> None:
-        """Serve health check: raises if the vLLM engine died."""
+        """Serve health check: raises if the vLLM engine died; records the residency gauges again."""
         await self.serving.engine.check_health()
+        self.registry_metrics.refresh()
 
     async def ready(self) -> bool:
         """True once a real one-token generation on the base model succeeds."""

@@ -3,6 +3,8 @@
 Lookups, loads, evictions and failures per tier; the disk cache's bytes; the slot table's
 capacity and, per adapter, how many of its versions are registered with the engine. Adapters
 that leave the engine are set to 0, so a scrape shows the current residency per replica.
+``refresh()`` records the gauges' last values again (the replica calls it with every health
+check): a value recorded once, while the replica was starting, may not reach Ray's agent.
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ class ReplicaRegistryMetrics(RegistryObserver):
         self.cache = instrument(series.ADAPTER_CACHE_BYTES)
         self.capacity = instrument(series.ADAPTER_SLOT_CAPACITY)
         self.resident = instrument(series.ADAPTERS_RESIDENT)
-        self._shown: set[str] = set()  # adapter labels with a non-zero residency value exported
+        self._shown: dict[str, int] = {}  # adapter label -> resident versions last exported (> 0)
+        self._capacity: int | None = None
+        self._cache_bytes: int | None = None
 
     def lookup(self, tier: Tier, hit: bool) -> None:
         self.lookups.record(1, {"tier": tier, "result": "hit" if hit else "miss", "replica": self.replica})
@@ -43,13 +47,24 @@ class ReplicaRegistryMetrics(RegistryObserver):
         self.failures.record(1, {"tier": tier, "error": error, "replica": self.replica})
 
     def cache_bytes(self, used: int) -> None:
+        self._cache_bytes = used
         self.cache.record(used, {"replica": self.replica})
 
     def residency(self, adapter_ids: list[str], capacity: int) -> None:
+        self._capacity = capacity
         self.capacity.record(capacity, {"replica": self.replica})
         counts = Counter(self.labels.adapter(a) for a in adapter_ids)
-        for label in self._shown - set(counts):
+        for label in set(self._shown) - set(counts):
             self.resident.record(0, {"replica": self.replica, "adapter": label})
         for label, n in counts.items():
             self.resident.record(n, {"replica": self.replica, "adapter": label})
-        self._shown = set(counts)
+        self._shown = dict(counts)
+
+    def refresh(self) -> None:
+        """Records every gauge's last value again."""
+        if self._capacity is not None:
+            self.capacity.record(self._capacity, {"replica": self.replica})
+        if self._cache_bytes is not None:
+            self.cache.record(self._cache_bytes, {"replica": self.replica})
+        for label, n in self._shown.items():
+            self.resident.record(n, {"replica": self.replica, "adapter": label})

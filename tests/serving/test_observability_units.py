@@ -107,3 +107,25 @@ def test_request_log_records_carry_no_prompt_or_key_fields():
     assert not fields & {"prompt", "messages", "body", "authorization", "api_key", "key", "headers", "output"}
     line = RequestLog(component="gateway", request_id="r", status=200).model_dump_json(exclude_none=True)
     assert set(json.loads(line)) == {"ts", "component", "request_id", "status"}
+
+
+def test_residency_gauges_drop_to_zero_after_eviction_and_survive_a_refresh():
+    from prometheus_client import generate_latest
+
+    from app.observability.config import ObservabilityConfig
+    from app.observability.instruments import LOCAL
+    from app.observability.labels import Labels
+    from app.observability.registry_metrics import ReplicaRegistryMetrics
+
+    def resident() -> dict[str, float]:
+        fams = {f.name: f for f in text_string_to_metric_families(generate_latest(LOCAL).decode())}
+        return {s.labels["adapter"]: s.value for s in fams["loraplex_adapters_resident"].samples
+                if s.labels["replica"] == "unit-replica"}
+
+    obs = ReplicaRegistryMetrics(Labels(ObservabilityConfig(max_adapter_labels=2)), "unit-replica")
+    obs.residency(["x", "x", "y", "z"], 4)  # two versions of x; z is past the cap
+    assert resident() == {"x": 2, "y": 1, "other": 1}
+    obs.residency(["y"], 4)
+    assert resident() == {"x": 0, "y": 1, "other": 0}
+    obs.refresh()
+    assert resident() == {"x": 0, "y": 1, "other": 0}
