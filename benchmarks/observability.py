@@ -22,6 +22,7 @@ import io
 import json
 import os
 import platform
+import shutil
 import statistics
 import sys
 import tempfile
@@ -64,7 +65,8 @@ def metrics_path_costs(reps: int, tokens: int, label_sets: int) -> dict[str, flo
     from app.observability.gateway import GatewayRecorder
     from app.observability.token_timing import OutputProgress
 
-    ray.init(num_cpus=1, include_dashboard=False, _temp_dir=tempfile.mkdtemp(prefix="lpx-bench-ray-", dir="/tmp"))
+    ray_tmp = tempfile.mkdtemp(prefix="lpx-bench-ray-", dir="/tmp")  # short: Ray's socket paths
+    ray.init(num_cpus=1, include_dashboard=False, _temp_dir=ray_tmp)
     try:
         caps = {"max_tenant_labels": 100, "max_adapter_labels": label_sets + 10}
         quiet = GatewayRecorder(ObservabilityConfig(request_logs=False, **caps))
@@ -111,6 +113,7 @@ def metrics_path_costs(reps: int, tokens: int, label_sets: int) -> dict[str, flo
         return out
     finally:
         ray.shutdown()
+        shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
 def _scrape_ms(url: str, n: int = 5) -> float:
@@ -166,6 +169,7 @@ def gateway_latencies(n: int) -> dict[str, float]:
         scrape = _scrape_ms(f"http://{targets[0]['targets'][0]}/metrics")
     finally:
         stop_stack(stack)
+        shutil.rmtree(work, ignore_errors=True)
     return {
         "client_ms": statistics.median(client_ms),
         "gateway_ms": statistics.median(d["gateway"] * 1e3 for d in both),
