@@ -18,6 +18,7 @@ from benchmarks.loadgen.sse import (
 )
 from benchmarks.loadgen.stats import aggregate
 from benchmarks.loadgen.workload import model_sequence, request_body
+from benchmarks.progress import progress_bar
 
 
 async def send_one(client: httpx.AsyncClient, spec: LoadSpec, phase: str, index: int,
@@ -62,13 +63,18 @@ async def closed_loop(client: httpx.AsyncClient, spec: LoadSpec, phase: str,
     records in index order and the wall time from the first send to the last end."""
     jobs = iter(enumerate(models))
     records: list[RequestRecord] = []
+    bar = progress_bar(len(models), f"{phase} c={spec.concurrency}")
     t0 = time.perf_counter()
 
     async def worker() -> None:
         for index, adapter in jobs:
             records.append(await send_one(client, spec, phase, index, adapter, t0))
+            bar.update()
 
-    await asyncio.gather(*(worker() for _ in range(min(spec.concurrency, len(models)))))
+    try:
+        await asyncio.gather(*(worker() for _ in range(min(spec.concurrency, len(models)))))
+    finally:
+        bar.close()
     return sorted(records, key=lambda r: r.index), time.perf_counter() - t0
 
 
