@@ -63,6 +63,7 @@ class SystemRun(BaseModel):
     route_check: RouteCheck | None = None
     log: str | None = Field(None, description="Its log file.")
     error: str | None = Field(None, description="Why it did not run or stopped early.")
+    first_start_error: str | None = Field(None, description="Why a first start failed, when it was started twice.")
 
 
 class PushRecord(BaseModel):

@@ -11,6 +11,7 @@ from benchmarks.gpu_stack_parts.models import StackReport
 from benchmarks.gpu_stack_parts.plan import Plan
 from benchmarks.gpu_stack_parts.targets import (
     overhead_table,
+    short_error,
     system_table,
     targets_table,
 )
@@ -63,7 +64,8 @@ def summary_text(report: StackReport, plan: Plan) -> str:
         for s in report.systems:
             print(f"\n{s.system}: started {s.started_at or '-'}, ready after "
                   f"{'-' if s.start_s is None else f'{s.start_s:.1f} s'}; command: {s.command or '-'}"
-                  + (f"; env {s.env}" if s.env else ""))
+                  + (f"; env {s.env}" if s.env else "")
+                  + (f"; its first start failed ({short_error(s.first_start_error)})" if s.first_start_error else ""))
     return buf.getvalue()
 
 

@@ -48,7 +48,10 @@ def local_s3(workdir: Path, in_memory: bool = False) -> Iterator[Store]:
         server = S3ServerProcess("moto").__enter__()
     finally:
         for k, v in saved.items():
-            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     try:
         server.make_bucket(BUCKET)
         yield Store(uri=f"s3://{BUCKET}/{PREFIX}", endpoint=server.endpoint,

@@ -145,28 +145,50 @@ def run_server_block(ctx: Context, block: SystemBlock) -> SystemRun:
         out.error = f"ray.serve.llm does not import here: {why}"
         print(f"ray-llm: {out.error}", flush=True)
         return out
-    launcher = make_launcher(ctx, block)
-    out.log = str(launcher.log_path)
-    print(f"{block.system}: starting ...", flush=True)
+    launcher, target = start_server(ctx, block, out)
+    if target is None:
+        return out
     try:
-        with launcher as target:
-            out.start_s, out.command = launcher.ready_s, systems.command_of(launcher.child)
-            out.env = systems.path_env(launcher.child.env)
-            print(f"{block.system}: ready after {launcher.ready_s:.1f} s", flush=True)
-            for phase in block.phases:
-                out.phases.append(http_phase(ctx, phase, target))
-                _log_phase(block.system, out.phases[-1])
-            for k in range(block.cold_starts):
-                out.cold_starts.append(cold_start(ctx, target, k))
-            t_stop = time.monotonic()
-        out.stop_s = time.monotonic() - t_stop
+        for phase in block.phases:
+            out.phases.append(http_phase(ctx, phase, target))
+            _log_phase(block.system, out.phases[-1])
+        for k in range(block.cold_starts):
+            out.cold_starts.append(cold_start(ctx, target, k))
     except Exception as exc:  # noqa: BLE001 - recorded; the next system runs
         out.error = f"{type(exc).__name__}: {exc}"
         traceback.print_exc()
-    if launcher.child is not None:
-        out.command = out.command or systems.command_of(launcher.child)
-        out.env = out.env or systems.path_env(launcher.child.env)
+    finally:
+        t_stop = time.monotonic()
+        launcher.stop()
+        out.stop_s = time.monotonic() - t_stop
     return out
+
+
+def start_server(ctx: Context, block: SystemBlock, out: SystemRun):
+    """The started launcher and its target; a start that fails is tried once more (a loaded host
+    can fail one: Ray's node start timing out, say), and why the first failed is recorded; after
+    a second failure the target is None and ``out.error`` says why."""
+    for attempt in (1, 2):
+        launcher = make_launcher(ctx, block)
+        out.log = str(launcher.log_path)
+        print(f"{block.system}: starting ...", flush=True)
+        try:
+            target = launcher.start()
+        except Exception as exc:  # noqa: BLE001 - recorded
+            why = f"{type(exc).__name__}: {exc}"
+            traceback.print_exc()
+            if attempt == 1:
+                out.first_start_error = why
+                continue
+            out.error, target = why, None
+        finally:
+            if launcher.child is not None:
+                out.command, out.env = systems.command_of(launcher.child), systems.path_env(launcher.child.env)
+        if target is not None:
+            out.start_s = launcher.ready_s
+            print(f"{block.system}: ready after {launcher.ready_s:.1f} s", flush=True)
+        return launcher, target
+    raise AssertionError("unreachable")
 
 
 def cold_start(ctx: Context, target: TargetSpec, k: int) -> ColdStart:
@@ -207,14 +229,18 @@ def run_engine_block(ctx: Context, block: SystemBlock) -> SystemRun:
                     started_at=time.strftime("%Y-%m-%d %H:%M:%S"))
     target = TargetSpec(name=block.system, base_url="in-process", base_model=ctx.served_name)
     ids = phase_ids(block)
-    env = {"LORAPLEX_MOE_LORA": "1", **systems.BALANCED_ENV} if ctx.assets.balanced_dummy else {"LORAPLEX_MOE_LORA": "1"}
+    env = systems.loraplex_env(ctx.assets, {})
     wd = ctx.workdir / block.system
     wd.mkdir(parents=True, exist_ok=True)
     job = EngineJob(serve_config=ctx.serve_config, adapters={a: ctx.adapters[a] for a in ids},
                     phases=[JobPhase(name=p.name, warmup=w, measure=m)
                             for p in block.phases for w, m in [load_specs(ctx, p, target)]])
     print(f"{block.system}: starting ...", flush=True)
-    result, child, _ = systems.run_engine_child(wd, block.system, job, env)
+    result, child = systems.run_engine_child(wd, block.system, job, env)
+    if result.start_s is None:  # the engine did not come up: once more, as a server's start
+        out.first_start_error = result.error
+        print(f"{block.system}: the engine did not start, once more ...", flush=True)
+        result, child = systems.run_engine_child(wd, block.system, job, env)
     out.command, out.env, out.log = systems.command_of(child), systems.path_env(child.env), str(child.log_path)
     out.start_s, out.phases, out.error = result.start_s, result.phases, result.error
     for p in out.phases:
@@ -237,7 +263,7 @@ def route_check(ctx: Context, block: SystemBlock, target: TargetSpec, env: dict[
                     adapters={a: ctx.adapters[a] for a in ids}, phases=[JobPhase(name="route-check", measure=spec)])
     route_env = {**env, LOG_ENV: str(log), TOKENS_ENV: str(w.concurrency), FORWARDS_ENV: "256"}
     print(f"{block.system}: routing check (eager engine) ...", flush=True)
-    result, _, _ = systems.run_engine_child(wd, "route-check", job, route_env, [plugin_site(wd / "route-plugin")])
+    result, _ = systems.run_engine_child(wd, "route-check", job, route_env, [plugin_site(wd / "route-plugin")])
     check = summarise(log, w.concurrency)
     if result.error and check.error:
         check.error = f"{check.error}; the engine: {result.error}"

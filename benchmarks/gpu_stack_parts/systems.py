@@ -14,7 +14,6 @@ import os
 import shlex
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -71,8 +70,9 @@ def ray_llm_import_error(env: dict[str, str]) -> str | None:
 
 
 def run_engine_child(workdir: Path, name: str, job: EngineJob, env: dict[str, str],
-                     python_path: list[Path] = ()) -> tuple[EngineOutput, ChildProcess, float]:
-    """Runs ``job`` in a child process; its output, the child and its wall time."""
+                     python_path: list[Path] = ()) -> tuple[EngineOutput, ChildProcess]:
+    """Runs ``job`` in a child process (``python_path`` before the checkout on its path); its
+    output and the child."""
     job_path, out_path = workdir / f"{name}-job.json", workdir / f"{name}-out.json"
     job_path.write_text(job.model_dump_json(indent=1))
     out_path.unlink(missing_ok=True)
@@ -80,7 +80,6 @@ def run_engine_child(workdir: Path, name: str, job: EngineJob, env: dict[str, st
     child_env["PYTHONPATH"] = os.pathsep.join([*map(str, python_path), child_env["PYTHONPATH"]])
     child = ChildProcess(name, [sys.executable, "-m", "benchmarks.gpu_stack_parts.engine_alone", str(job_path),
                                 str(out_path)], child_env, workdir / f"{name}.log")
-    t0 = time.monotonic()
     child.start()
     try:
         rc = child.proc.wait(ENGINE_TIMEOUT_S)
@@ -88,11 +87,10 @@ def run_engine_child(workdir: Path, name: str, job: EngineJob, env: dict[str, st
         rc = None
     finally:
         child.stop()
-    wall = time.monotonic() - t0
     out = EngineOutput.model_validate_json(out_path.read_text()) if out_path.exists() else EngineOutput()
     if rc != 0:
         out.error = f"{out.error or f'exit {rc}'}; last lines of {child.log_path}:\n{child.log_tail(25)}"
-    return out, child, wall
+    return out, child
 
 
 def command_of(child: ChildProcess | None) -> str | None:

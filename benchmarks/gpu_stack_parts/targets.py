@@ -41,7 +41,7 @@ def figure(report: StackReport, system: str, phase: str, what: str) -> tuple[flo
 def short_error(text: str) -> str:
     """The line of an error text (a log's tail included) that says most: its last exception line."""
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    named = [line for line in lines if "Error" in line and "Warning" not in line]
+    named = [line for line in lines if ("Error" in line or "Exception" in line) and "Warning" not in line]
     return (named[-1] if named else lines[0] if lines else "")[:200]
 
 

@@ -129,7 +129,7 @@ def test_engine_alone_target_measures_every_request(loraplex_home, embedded_mode
                     vocab_size=vocab, exclude_token_ids=special, temperature=1.0)
     job = EngineJob(serve_config=config, adapters={adapter: folder},
                     phases=[JobPhase(name="c2", warmup=spec.model_copy(update={"output_len": 2}), measure=spec)])
-    out, child, _ = run_engine_child(tmp_path, "engine-alone", job, {"LORAPLEX_HOME": str(loraplex_home)})
+    out, child = run_engine_child(tmp_path, "engine-alone", job, {"LORAPLEX_HOME": str(loraplex_home)})
     assert out.error is None, out.error
     assert out.start_s and out.start_s > 0 and child.pids() == []
     (phase,) = out.phases
