@@ -102,8 +102,16 @@ class Plan(BaseModel):
         return sum(b.cold_starts for b in self.blocks)
 
 
+COLD_PREFIX = "cold-"
+
+
 def adapter_ids(rank: int, count: int) -> list[str]:
     return [f"r{rank}-{i}" for i in range(count)]
+
+
+def cold_id(rank: int, k: int) -> str:
+    """The ``k``-th fresh adapter of a cold start."""
+    return f"{COLD_PREFIX}r{rank}-{k}"
 
 
 def tenant_of(index: int) -> str:

@@ -28,12 +28,14 @@ from benchmarks.gpu_stack_parts.models import (
     SystemRun,
 )
 from benchmarks.gpu_stack_parts.plan import (
+    COLD_PREFIX,
     LABELS,
     WARMUP_TOKENS,
     PhaseSpec,
     Plan,
     SystemBlock,
     adapter_ids,
+    cold_id,
     tenant_of,
 )
 from benchmarks.gpu_stack_parts.pushes import Store, push
@@ -126,13 +128,13 @@ def make_launcher(ctx: Context, block: SystemBlock):
     ids = phase_ids(block)
     if block.system == "loraplex":
         seed = adapter_ids(ctx.plan.workload.rank, ctx.plan.workload.adapters)
-        keys = keys_for(ctx, ids + [f"cold-r{ctx.plan.workload.rank}-{k}" for k in range(block.cold_starts)])
+        keys = keys_for(ctx, ids + [cold_id(ctx.plan.workload.rank, k) for k in range(block.cold_starts)])
         return systems.LoraplexH200(wd, ctx.assets.home, ctx.serve_config, keys, probe=[a for a in seed if a in ids],
                                     env=systems.loraplex_env(ctx.assets, ctx.store.env))
     plugins, env = systems.stock_settings(ctx.assets)
     common = {"workdir": wd, "model": ctx.assets.model_dir, "engine_args": ctx.engine_args,
-                  "adapters": {a: ctx.adapters[a] for a in ids} or None, "served_model_name": ctx.served_name,
-                  "plugins": plugins, "env": env, "name": block.system}
+              "adapters": {a: ctx.adapters[a] for a in ids} or None, "served_model_name": ctx.served_name,
+              "plugins": plugins, "env": env, "name": block.system}
     if block.system == "ray-llm":
         return RayLlm(**common, s3_endpoint=ctx.store.endpoint, accelerator="gpu" if ctx.assets.gpu else "cpu")
     return VllmServer(**common)
@@ -194,10 +196,10 @@ def start_server(ctx: Context, block: SystemBlock, out: SystemRun):
 def cold_start(ctx: Context, target: TargetSpec, k: int) -> ColdStart:
     """A fresh adapter written and pushed now, then its first request and one more, timed."""
     rank = ctx.plan.workload.rank
-    adapter = f"cold-r{rank}-{k}"
+    adapter = cold_id(rank, k)
     rec = ColdStart(adapter=adapter)
     root = ctx.workdir / "adapters"
-    folder = write_adapters(ctx.assets, root, rank, [k], prefix="cold-", offset=10_000,
+    folder = write_adapters(ctx.assets, root, rank, [k], prefix=COLD_PREFIX, offset=10_000,
                             expert_lora=ctx.plan.workload.expert_lora)[adapter]
     pushed = push(ctx, folder, adapter, tenant_of(k), rank)
     ctx.pushes.append(pushed)
