@@ -17,13 +17,12 @@ request) and compares them with what tokens routed uniformly at random would rea
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 from pathlib import Path
 
 from benchmarks.gpu_stack_parts.models import RouteCheck
-from tests.helpers.paths import REPO
+from benchmarks.plugin_sites import plugin_site as write_plugin_site
 
 LOG_ENV, TOKENS_ENV, FORWARDS_ENV = "LPX_ROUTE_LOG", "LPX_ROUTE_MAX_TOKENS", "LPX_ROUTE_MAX_FORWARDS"
 PLUGIN_NAME = "loraplex_bench_route_hooks"
@@ -32,11 +31,7 @@ ROUTER_SUFFIXES = (".mlp.router", ".mlp.gate")
 
 def plugin_site(dest: Path) -> Path:
     """A folder with this plugin's entry point (group ``vllm.general_plugins``) for ``PYTHONPATH``."""
-    spec = importlib.util.spec_from_file_location("register_entry_points", REPO / "scripts" / "register_entry_points.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    module.write_dist_info(dest, {"vllm.general_plugins": {PLUGIN_NAME: f"{__name__}:register"}})
-    return dest
+    return write_plugin_site(dest, PLUGIN_NAME, f"{__name__}:register")
 
 
 def register() -> None:

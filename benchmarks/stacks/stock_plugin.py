@@ -15,11 +15,10 @@ own, installed in the environment, is left out that way).
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 
-from tests.helpers.paths import REPO
+from benchmarks.plugin_sites import plugin_site as write_plugin_site
 
 PLUGIN_NAME = "loraplex_bench_stock_cpu_moe"
 ENTRY_POINT = f"{__name__}:register"
@@ -43,11 +42,7 @@ def register() -> None:
 def plugin_site(dest: Path) -> Path:
     """A folder holding this plugin's entry point (group ``vllm.general_plugins``); put it on
     ``PYTHONPATH``."""
-    spec = importlib.util.spec_from_file_location("register_entry_points", REPO / "scripts" / "register_entry_points.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    module.write_dist_info(dest, {"vllm.general_plugins": {PLUGIN_NAME: ENTRY_POINT}})
-    return dest
+    return write_plugin_site(dest, PLUGIN_NAME, ENTRY_POINT)
 
 
 def stock_env(workdir: Path, plugins: list[str] | None) -> dict[str, str]:
