@@ -81,11 +81,14 @@ def record_slot(manager, index: int, lora_model) -> None:
 def _write_mask(key: int, first: torch.Tensor, index: int, has: bool) -> None:
     if first.is_cuda and torch.cuda.is_current_stream_capturing():
         return  # never written from inside a graph (vLLM activates adapters outside them)
-    mask = _masks.get(key)
-    if mask is None:
-        mask = _masks[key] = torch.zeros(first.shape[0], dtype=torch.int32, device=first.device)
-    if 0 <= index < mask.shape[0]:
-        mask[index] = int(has)
+    # vLLM activates its dummy adapters under inference mode (warm-up), a served one outside it
+    # (the add_lora RPC): a tensor made in inference mode may be written in place only inside it
+    with torch.inference_mode():
+        mask = _masks.get(key)
+        if mask is None:
+            mask = _masks[key] = torch.zeros(first.shape[0], dtype=torch.int32, device=first.device)
+        if 0 <= index < mask.shape[0]:
+            mask[index] = int(has)
 
 
 def slot_mask(first_a_stack: torch.Tensor) -> torch.Tensor | None:

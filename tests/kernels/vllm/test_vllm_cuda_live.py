@@ -100,3 +100,18 @@ def test_dense_modules_get_a_device_mask_of_their_live_slots(monkeypatch):
     live.record_slot(mgr, 2, SimpleNamespace(id=9))  # an adapter with nothing here
     assert live.slot_mask(attn) is qkv_mask and qkv_mask.tolist() == [1, 0, 0, 0]
 
+
+
+def test_a_mask_made_during_warm_up_is_written_by_a_later_add_lora():
+    """vLLM activates its dummy adapters under ``torch.inference_mode`` (warm-up, graph capture)
+    and a served adapter outside it (``add_lora`` through the engine's RPC): the mask made in the
+    first must take the writes of the second, in place."""
+    attn, router, experts = torch.zeros(4), torch.zeros(4), torch.zeros(4)
+    mgr = manager_with(attn, router, experts)
+    with torch.inference_mode():
+        live.record_slot(mgr, 0, SimpleNamespace(id=7))
+    mask = live._masks[attn.data_ptr()]
+    assert mask.is_inference()
+    live.record_slot(mgr, 1, SimpleNamespace(id=8))  # outside inference mode
+    live.record_slot(mgr, 0, SimpleNamespace(id=9))
+    assert live._masks[attn.data_ptr()] is mask and mask.tolist() == [0, 1, 0, 0]

@@ -89,7 +89,7 @@ def test_choosing_the_unfused_backend_compiles_the_routing_kernel(vllm_side):
 
     config = moe_config()
     config.device, config.experts_per_token, config.num_local_experts = "cuda", 4, 32
-    vllm_cuda_mxfp4._select(config)
+    vllm_cuda_mxfp4.unfused_under_lora(lambda c, a=None: pytest.fail("vLLM's own choice was taken"))(config)
     variants = dict(mxfp4_routing._ROUTING_INPUTS.variants)
     assert variants
     ids = (torch.arange(1200, dtype=torch.int32, device="cuda") % 32).view(300, 4)
