@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-CONFIG_DIR = Path(__file__).parent / "configs"
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"  # kernels/configs, shipped as package data
 NUM_SMS_DEFAULT = 132
 OPS = ("shrink13", "expand13", "shrink2", "expand2")
 

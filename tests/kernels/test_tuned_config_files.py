@@ -1,0 +1,39 @@
+"""The tuned config files that ship in ``kernels/configs`` are the ones the lookups read: a
+lookup that misses its file falls back to the heuristic without a word, so a moved module or
+folder would silently drop every tuned tile (found on the H200: the shrinks ran 3-4x slower)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import kernels
+from benchmarks.shapes import GPT_OSS_20B, RANK, SLOTS
+from tests.helpers.triton_interpret import interpreter_unless_cuda
+
+with interpreter_unless_cuda():
+    from kernels.dense_lora.configs import dense_shape_key
+    from kernels.moe_lora import configs as moe_configs
+
+SHIPPED = Path(kernels.__file__).parent / "configs"
+
+
+def test_the_lookups_read_the_folder_that_ships():
+    assert moe_configs.CONFIG_DIR.resolve() == SHIPPED.resolve()
+    files = sorted(p.name for p in SHIPPED.glob("*.json"))
+    assert files == ["dense_lora_NVIDIA_H200.json", "moe_lora_NVIDIA_H200.json"]
+    for prefix in ("moe_lora", "dense_lora"):
+        on_disk = json.loads((SHIPPED / f"{prefix}_NVIDIA_H200.json").read_text())["shapes"]
+        assert moe_configs.load_device_file(prefix, "NVIDIA_H200") == on_disk
+
+
+def test_gpt_oss_20b_finds_its_tuned_tiles_at_every_decode_bucket():
+    s = GPT_OSS_20B
+    key = moe_configs.shape_key(s.hidden, s.intermediate, s.num_experts, s.top_k, RANK, SLOTS)
+    for m in (1, 16, 64, 256, 1024):
+        tuned = moe_configs._lookup("NVIDIA_H200", key, m)
+        assert tuned is not None, f"no tuned MoE-LoRA config for {key} at M={m}"
+        assert tuned != moe_configs.default_layer_config(m, s.top_k, s.num_experts, SLOTS)
+    dense = moe_configs.load_device_file("dense_lora", "NVIDIA_H200")
+    for in_features, out_features in (s.qkv, s.o):
+        assert dense_shape_key(in_features, out_features, RANK, SLOTS) in dense
