@@ -1,7 +1,8 @@
 """Counters, histograms and gauges of ``app.observability.series``, recorded through Ray's metrics
 agent in a Ray worker and in a process-local prometheus_client registry elsewhere.
 
-The backend is chosen at an instrument's first record (``ray.is_initialized()``) and kept. Ray's
+The backend follows the process: Ray's while Ray is initialized, the local one otherwise (a tool
+that starts and stops Ray and records after: both made once, when first needed). Ray's
 agent on each node exports what every process of the node recorded (``Series.exported`` names);
 ``LOCAL`` serves processes outside Ray (tests, tools) and is exported by nothing. Recording never
 raises: a failing backend is logged once and the record dropped.
@@ -66,16 +67,18 @@ class Instrument:
 
     def __init__(self, series: Series) -> None:
         self.series = series
-        self._backend: _RayBackend | _LocalBackend | None = None
+        self._backends: dict[bool, _RayBackend | _LocalBackend] = {}  # in a Ray worker -> backend
         self._broken = False
 
     def record(self, value: float, tags: Mapping[str, str]) -> None:
         if self._broken:
             return
         try:
-            if self._backend is None:
-                self._backend = _RayBackend(self.series) if _in_ray_worker() else _LocalBackend(self.series)
-            self._backend.record(value, tags)
+            in_ray = _in_ray_worker()
+            backend = self._backends.get(in_ray)
+            if backend is None:
+                backend = self._backends[in_ray] = (_RayBackend if in_ray else _LocalBackend)(self.series)
+            backend.record(value, tags)
         except Exception as exc:  # metrics must never fail a request
             self._broken = True
             logger.warning("metric %s disabled: %s: %s", self.series.name, type(exc).__name__, exc)
