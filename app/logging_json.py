@@ -14,7 +14,7 @@ import queue
 import sys
 import threading
 import time
-from typing import Literal
+from typing import Literal, TextIO
 
 from pydantic import BaseModel, Field
 
@@ -45,13 +45,17 @@ _lock = threading.Lock()
 _logger: logging.Logger | None = None
 
 
-def request_logger() -> logging.Logger:
-    """The ``loraplex.requests`` logger, set up once per process (queue handler + writer thread)."""
+def request_logger(stream: TextIO | None = None) -> logging.Logger:
+    """The ``loraplex.requests`` logger, set up once per process (queue handler + writer thread).
+
+    Lines go to ``stream`` where the first call names one, else to the process's own stderr
+    (``sys.__stderr__``): Serve's throughput-optimized mode points a replica's ``sys.stderr``
+    at its file logger, which would take the lines out of the worker's stderr that Ray forwards."""
     global _logger
     with _lock:
         if _logger is None:
             q: queue.SimpleQueue = queue.SimpleQueue()
-            out = logging.StreamHandler(sys.stderr)
+            out = logging.StreamHandler(stream if stream is not None else (sys.__stderr__ or sys.stderr))
             out.setFormatter(logging.Formatter("%(message)s"))
             listener = logging.handlers.QueueListener(q, out)
             listener.start()  # a daemon thread: it ends with the process

@@ -129,3 +129,25 @@ def test_residency_gauges_drop_to_zero_after_eviction_and_survive_a_refresh():
     assert resident() == {"x": 0, "y": 1, "other": 0}
     obs.refresh()
     assert resident() == {"x": 0, "y": 1, "other": 0}
+
+
+def test_request_log_lines_reach_the_process_stderr_when_sys_stderr_is_redirected():
+    """Serve's throughput-optimized mode replaces a replica's ``sys.stderr`` with a writer into its
+    file logger; the request log lines must still go to the worker's own stderr (which Ray
+    forwards to ``serve run``'s output), not into that logger."""
+    import subprocess
+    import sys
+
+    code = (
+        "import io, sys, time\n"
+        "sys.stderr = io.StringIO()  # as Serve's StreamToLogger\n"
+        "from app.logging_json import RequestLog, emit\n"
+        "emit(RequestLog(component='gateway', request_id='rid-stderr', kind='chat', status=200, "
+        "duration_s=0.001))\n"
+        "time.sleep(0.5)\n"
+        "assert 'rid-stderr' not in sys.stderr.getvalue()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    (line,) = [ln for ln in done.stderr.splitlines() if "rid-stderr" in ln]
+    assert json.loads(line)["request_id"] == "rid-stderr"
