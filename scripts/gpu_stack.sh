@@ -16,6 +16,17 @@ mkdir -p "$OUT"
 # loraplex's vLLM plugin and the balanced-dummy-weights plugin, found through package metadata
 python3 scripts/register_entry_points.py --target "$SITE" \
     --entry-point vllm.general_plugins:loraplex_balanced_dummy=benchmarks.engine.gpt_oss_dummy:register
+# in the background with the signals forwarded: a TERM to this script or its group (`timeout`)
+# reaches the benchmark, which stops the servers it started (Ray's daemons outlive a killed
+# parent); tee ignores it and ends with the benchmark's output, so the stop is logged
 python3 -m benchmarks.gpu_stack --plan "$PLAN" --out "$OUT" \
-    --workdir "${GPU_STACK_WORKDIR:-/tmp/loraplex-gpu-stack}" "$@" 2>&1 | tee "$OUT/gpu_stack.log"
-exit "${PIPESTATUS[0]}"
+    --workdir "${GPU_STACK_WORKDIR:-/tmp/loraplex-gpu-stack}" "$@" > >(trap "" TERM INT; exec tee "$OUT/gpu_stack.log") 2>&1 &
+pid=$!
+trap 'kill -TERM "$pid" 2>/dev/null' TERM INT
+status=0
+wait "$pid" || status=$?
+while kill -0 "$pid" 2>/dev/null; do  # a trapped signal ends the first wait early
+  status=0
+  wait "$pid" || status=$?
+done
+exit "$status"
