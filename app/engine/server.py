@@ -9,6 +9,7 @@ Return protocol to the gateway (plain data, so it crosses Ray unchanged):
   errors where retrying can help).
 - ``generate_stream`` yields ``{"status": int, "body": dict | None, "replica": str}`` first, then
   SSE strings (``"data: ...\\n\\n"``) when the status is 200.
+- Both take ``share``, the request's ``app.engine.fair_share.TenantShare`` (None: no fair share).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from ray import serve
 
 from adapters_registry.manifest import AdapterManifest
 from app.config import AppConfig
+from app.engine import fair_share
 from app.errors import NotReady, describe, error_body
 
 logger = logging.getLogger(__name__)
@@ -66,6 +68,7 @@ class EngineServer:
         os.environ["LORAPLEX_MOE_LORA"] = "1" if ecfg.moe_lora_plugin else "0"
         if ecfg.cpu_kvcache_space_gib is not None:
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(ecfg.cpu_kvcache_space_gib)
+        os.environ["LORAPLEX_PREEMPT_MARGIN"] = str(ecfg.priority_preempt_margin)  # read by the engine core
         self.serving = await vllm_serving.start_engine(ecfg)
         self.chat_request_cls, self.completion_request_cls, self.error_cls = vllm_serving.request_types()
         self._error_from_exception = vllm_serving.error_from_exception
@@ -78,6 +81,7 @@ class EngineServer:
         )
         self.expert_lora_refusal = expert_lora_refusal()
         self.replica = _replica_name()
+        self.fair_share = fair_share.EngineFairShare() if vllm_serving.uses_priorities(ecfg) else None
         self._newest_version: dict[str, int] = {}  # per adapter id: newest version requested here
 
     def __del__(self) -> None:
@@ -142,9 +146,10 @@ class EngineServer:
         async with self.slots.use(self.store, manifest) as lora_request:
             yield lora_request.lora_name
 
-    def _parse(self, kind: Kind, body: dict[str, Any], model_name: str):
+    def _parse(self, kind: Kind, body: dict[str, Any], model_name: str, ticket=None):
         cls = self.chat_request_cls if kind == "chat" else self.completion_request_cls
         request = cls.model_validate({**body, "model": model_name})
+        request.priority = fair_share.EngineFairShare.priority(ticket)  # never the client's own
         handler = self.serving.chat.create_chat_completion if kind == "chat" else self.serving.completion.create_completion
         return request, handler
 
@@ -161,44 +166,67 @@ class EngineServer:
         status, body = self._error_from_exception(exc)
         return {"status": status, "body": body}
 
-    async def generate(self, kind: Kind, body: dict[str, Any], manifest: dict | None) -> dict[str, Any]:
+    async def generate(self, kind: Kind, body: dict[str, Any], manifest: dict | None,
+                       share: dict | None = None) -> dict[str, Any]:
         """Non-streaming completion/chat; ``manifest`` is an ``AdapterManifest`` dump or None."""
-        return {**await self._generate(kind, body, manifest), "replica": self.replica}
+        return {**await self._generate(kind, body, manifest, share), "replica": self.replica}
 
-    async def _generate(self, kind: Kind, body: dict[str, Any], manifest: dict | None) -> dict[str, Any]:
+    def _ticket(self, share: dict | None):
+        return self.fair_share.admit(share) if self.fair_share is not None else None
+
+    async def _generate(self, kind: Kind, body: dict[str, Any], manifest: dict | None,
+                        share: dict | None = None) -> dict[str, Any]:
+        ticket, served = self._ticket(share), None
         try:
             async with self._adapter(_manifest(manifest)) as model_name:
-                request, handler = self._parse(kind, body, model_name)
+                request, handler = self._parse(kind, body, model_name, ticket)
                 request.stream = False
                 result = await handler(request, None)
                 if isinstance(result, self.error_cls):
                     return {"status": int(result.error.code), "body": result.model_dump()}
-                return {"status": 200, "body": result.model_dump(mode="json", exclude_none=True)}
+                out = result.model_dump(mode="json", exclude_none=True)
+                served = fair_share.usage_of_body(out)
+                return {"status": 200, "body": out}
         except Exception as exc:  # mapped to an HTTP error, the replica keeps serving
             logger.info("request failed: %r", exc)
             return self._error(exc)
+        finally:
+            if self.fair_share is not None:
+                self.fair_share.finish(ticket, served)
 
-    async def generate_stream(self, kind: Kind, body: dict[str, Any], manifest: dict | None) -> AsyncIterator[Any]:
+    async def generate_stream(self, kind: Kind, body: dict[str, Any], manifest: dict | None,
+                              share: dict | None = None) -> AsyncIterator[Any]:
         """Streaming completion/chat: a status dict first, then SSE chunks (see module doc)."""
-        async for item in self._generate_stream(kind, body, manifest):
+        async for item in self._generate_stream(kind, body, manifest, share):
             yield {**item, "replica": self.replica} if isinstance(item, dict) else item
 
-    async def _generate_stream(self, kind: Kind, body: dict[str, Any], manifest: dict | None) -> AsyncIterator[Any]:
+    async def _generate_stream(self, kind: Kind, body: dict[str, Any], manifest: dict | None,
+                               share: dict | None = None) -> AsyncIterator[Any]:
+        ticket, served, strip_usage = self._ticket(share), None, False
+        if ticket is not None:
+            body, strip_usage = fair_share.ask_stream_usage(body)
         try:
             async with self._adapter(_manifest(manifest)) as model_name:
-                request, handler = self._parse(kind, body, model_name)
+                request, handler = self._parse(kind, body, model_name, ticket)
                 result = await handler(request, None)
                 if isinstance(result, self.error_cls):
                     yield {"status": int(result.error.code), "body": result.model_dump()}
                     return
                 yield {"status": 200, "body": None}
                 async for chunk in result:
+                    if ticket is not None and (usage := fair_share.usage_of_chunk(chunk)) is not None:
+                        served = usage
+                        if strip_usage:
+                            continue
                     yield chunk
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             logger.info("stream failed: %r", exc)
             yield self._error(exc)
+        finally:
+            if self.fair_share is not None:
+                self.fair_share.finish(ticket, served)
 
 
 def _manifest(dump: dict | None) -> AdapterManifest | None:
