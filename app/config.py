@@ -41,6 +41,10 @@ class DeploymentOptions(_Strict):
     )
     health_check_period_s: float | None = Field(None, description="Seconds between replica health checks.")
     health_check_timeout_s: float | None = Field(None, description="Seconds before a health check fails.")
+    graceful_shutdown_timeout_s: float | None = Field(
+        None, description="Seconds a stopping replica (scale-down, upgrade) waits for its requests, streams included, "
+        "before it is killed (None: the engine's default of app.main, Serve's for the gateway).",
+    )
     request_router_config: dict[str, Any] | None = Field(
         None,
         description="Ray Serve RequestRouterConfig (request_router_class, request_routing_stats_period_s, ...); "
@@ -93,6 +97,12 @@ class EngineConfig(_Strict):
     priority_preempt_margin: int = Field(
         256, ge=0, description="Virtual tokens by which a waiting request must lead the worst running one to take its slot."
     )
+    heavy_tenant_backlog_tokens: int | None = Field(
+        2048, ge=0, description="With priority_scheduling: a tenant whose admitted, unserved work on a replica exceeds this "
+        "many virtual tokens gets new streams in chunks of heavy_tenant_stream_interval tokens (first token at once), so "
+        "relaying its flood does not cost every tenant host time. None: off.",
+    )
+    heavy_tenant_stream_interval: int = Field(16, ge=1, description="Tokens per streamed chunk for a heavy tenant's streams.")
     extra_engine_args: dict[str, Any] = Field(
         default_factory=dict, description="Further vLLM AsyncEngineArgs fields, passed through unchanged."
     )

@@ -33,12 +33,14 @@ def weight_of(priority: int) -> float:
 
 @dataclass
 class Ticket:
-    """One admitted request: its tenant, weight, tag and the cost charged so far."""
+    """One admitted request: its tenant, weight, tag, the cost charged so far, and how far the
+    tenant's counter was ahead of the virtual time once it was admitted (its backlog)."""
 
     tenant: str
     weight: float
     tag: float
     charged_tokens: int
+    backlog: float = 0.0
     done: bool = False
 
 
@@ -59,7 +61,7 @@ class VirtualTokenCounters:
         tag = max(self.virtual_time, self.counters.get(tenant, 0.0))
         cost = max(0, int(estimated_tokens))
         self.counters[tenant] = tag + cost / weight
-        ticket = Ticket(tenant, weight, tag, cost)
+        ticket = Ticket(tenant, weight, tag, cost, backlog=self.counters[tenant] - self.virtual_time)
         self.active[id(ticket)] = ticket
         return ticket
 

@@ -7,6 +7,12 @@ preempting scheduler, ``kernels.vllm.priority_scheduler``). A request without a 
 share off, readiness probes) gets priority 0, so with fair share off every request is first
 come, first served. A ``priority`` a client put in its body is never used.
 
+A heavy tenant — one whose admitted, unserved work here exceeds ``backlog_tokens`` virtual
+tokens when a request arrives — gets that stream in chunks of ``stream_interval`` tokens (vLLM's
+per-request ``stream_interval``: the first token still goes out at once, the tokens are produced
+as fast): relaying a flood chunk by chunk through the engine replica, the gateway and Serve's
+proxy costs host CPU every other tenant's requests wait for.
+
 When a request ends, the tokens it was served (prompt + output, from vLLM's usage) correct its
 tenant's counter. Streams get ``stream_options.include_usage`` added for that when the client
 did not ask for usage; the usage chunk is then dropped before it reaches the client.
@@ -35,8 +41,10 @@ class TenantShare(BaseModel):
 class EngineFairShare:
     """The replica's counters; ``admit`` → tag, ``finish`` → correction with tokens served."""
 
-    def __init__(self) -> None:
+    def __init__(self, backlog_tokens: int | None = None, stream_interval: int = 16) -> None:
         self.counters = VirtualTokenCounters()
+        self.backlog_tokens = backlog_tokens
+        self.heavy_stream_interval = stream_interval
 
     def admit(self, share: dict | None) -> Ticket | None:
         """A ticket for a request with ``share`` (a ``TenantShare`` dump), None without one."""
@@ -49,6 +57,12 @@ class EngineFairShare:
     def priority(ticket: Ticket | None) -> int:
         """vLLM priority of the request: its tag (0 without a ticket)."""
         return 0 if ticket is None else int(ticket.tag)
+
+    def stream_interval(self, ticket: Ticket | None) -> int | None:
+        """Tokens per streamed chunk for the request (None: vLLM's setting)."""
+        if ticket is None or self.backlog_tokens is None or ticket.backlog <= self.backlog_tokens:
+            return None
+        return self.heavy_stream_interval
 
     def finish(self, ticket: Ticket | None, served_tokens: int | None) -> None:
         if ticket is not None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, Literal
@@ -81,7 +82,10 @@ class EngineServer:
         )
         self.expert_lora_refusal = expert_lora_refusal()
         self.replica = _replica_name()
-        self.fair_share = fair_share.EngineFairShare() if vllm_serving.uses_priorities(ecfg) else None
+        self.fair_share = (fair_share.EngineFairShare(ecfg.heavy_tenant_backlog_tokens, ecfg.heavy_tenant_stream_interval)
+                           if vllm_serving.uses_priorities(ecfg) else None)
+        self._shape_request = vllm_serving.shape_request
+        self.started_at = time.time()  # the router packs onto older replicas (Serve stops the newest)
         self._newest_version: dict[str, int] = {}  # per adapter id: newest version requested here
 
     def __del__(self) -> None:
@@ -105,7 +109,10 @@ class EngineServer:
 
     def record_routing_stats(self) -> dict[str, Any]:
         """Serve calls this periodically; ``app.routing.router`` ranks replicas by it."""
-        return {"resident": self.slots.resident(), "free_slots": self.slots.free_slots}
+        return {"resident": self.slots.resident(), "free_slots": self.slots.free_slots,
+                "loadable_slots": self.slots.loadable_slots, "active": self.slots.active(),
+                "max_loras": self.cfg.engine.max_loras,
+                "batch_capacity": self.cfg.engine.max_num_seqs, "started_at": self.started_at}
 
     async def residency(self) -> dict[str, Any]:
         """The slot table (LRU order), the adapters the vLLM engine has registered (its
@@ -149,7 +156,8 @@ class EngineServer:
     def _parse(self, kind: Kind, body: dict[str, Any], model_name: str, ticket=None):
         cls = self.chat_request_cls if kind == "chat" else self.completion_request_cls
         request = cls.model_validate({**body, "model": model_name})
-        request.priority = fair_share.EngineFairShare.priority(ticket)  # never the client's own
+        self._shape_request(request, fair_share.EngineFairShare.priority(ticket),
+                            self.fair_share.stream_interval(ticket) if self.fair_share is not None else None)
         handler = self.serving.chat.create_chat_completion if kind == "chat" else self.serving.completion.create_completion
         return request, handler
 

@@ -96,6 +96,14 @@ def uses_priorities(cfg: EngineConfig) -> bool:
     return engine_kwargs(cfg).get("scheduling_policy") == "priority"
 
 
+def shape_request(request, priority: int, stream_interval: int | None) -> None:
+    """Sets a parsed chat/completion request's vLLM ``priority`` (always: a client's own is never
+    used) and raises its ``stream_interval`` (where this vLLM has the field)."""
+    request.priority = priority
+    if stream_interval and "stream_interval" in type(request).model_fields:
+        request.stream_interval = max(stream_interval, request.stream_interval or 1)
+
+
 def build_args(cfg: EngineConfig) -> Namespace:
     """vLLM's ``vllm serve`` namespace for this engine: parser defaults, then our fields.
 

@@ -1,9 +1,10 @@
 """Gateway deployment: the OpenAI-compatible HTTP ingress with tenancy.
 
 Per request: authenticate the bearer key (401), resolve the adapter from the route or ``model``
-(404 unknown, 403 not this tenant's), admit against the tenant's limits (429), then dispatch to the
-engine deployment through its Serve handle and relay the answer (JSON or SSE). All errors leave
-through ``app.errors.error_response``.
+(404 when it is unknown or not this tenant's: the two answers are the same), admit against the
+tenant's limits (429), then dispatch to the engine deployment through its Serve handle, with the
+tenant's fair-share ticket, and relay the answer (JSON or SSE). All errors leave through
+``app.errors.error_response``; every answer names the gateway replica (``x-loraplex-gateway``).
 """
 
 from __future__ import annotations
@@ -23,23 +24,24 @@ from adapters_registry.errors import RegistryError
 from app import metrics
 from app.config import AppConfig
 from app.errors import (
+    AdapterNotVisible,
     BadRequest,
-    Forbidden,
-    NotFound,
     NotReady,
     error_response,
     json_error,
 )
 from app.gateway import admin_routes
-from app.gateway.admission import Admission
+from app.gateway.admission import build_admission
 from app.gateway.catalog import AdapterCatalog
 from app.gateway.tenants import Tenant, TenantDirectory
+from app.vtc import weight_of
 
 api = FastAPI(title="loraplex", description="Multi-tenant LoRA serving for MoE LLMs")
 api.include_router(admin_routes.router)
 READY_TIMEOUT_S = 30.0
 DEFAULT_MAX_TOKENS = 256
 REPLICA_HEADER = "x-loraplex-replica"  # which engine replica answered (operators, routing tests)
+GATEWAY_HEADER = "x-loraplex-gateway"  # which gateway replica answered
 # Helpers sit above the ingress class: @serve.ingress freezes the FastAPI app (and the globals its
 # routes see) when the class is decorated.
 
@@ -64,6 +66,17 @@ def _estimate_tokens(body: dict[str, Any]) -> int:
         return DEFAULT_MAX_TOKENS
 
 
+def _replica_identity() -> tuple[str, str | None]:
+    """``(this replica's id, its quota ledger's name)``; outside Serve: a pid and no shared ledger."""
+    try:
+        ctx = serve.get_replica_context()
+        return ctx.replica_id.unique_id, f"quotas-{ctx.app_name}"
+    except Exception:
+        import os
+
+        return f"pid-{os.getpid()}", None
+
+
 def _engine_response(out: dict[str, Any]) -> Response:
     """An engine result (see ``app.engine.server``'s protocol) as the HTTP response."""
     headers = {REPLICA_HEADER: out["replica"]}
@@ -84,7 +97,8 @@ class Gateway:
         self.tenants = TenantDirectory(self.cfg.resolved_tenants_file())
         self.store = open_store(self.cfg.resolved_store_uri(), self.cfg.s3_endpoint_url)
         self.catalog = AdapterCatalog(self.store)
-        self.admission = Admission(self.cfg.max_in_flight_per_gateway)
+        self.replica, ledger_name = _replica_identity()
+        self.admission = build_admission(self.cfg, self.replica, ledger_name)
         admin_routes.bind_gateway(self)
 
     # ---- routes -------------------------------------------------------------------------------
@@ -139,6 +153,11 @@ class Gateway:
 
     # ---- request path -------------------------------------------------------------------------
     async def _handle(self, request: Request, kind: str, route_adapter: str | None) -> Response:
+        response = await self._answer(request, kind, route_adapter)
+        response.headers[GATEWAY_HEADER] = self.replica
+        return response
+
+    async def _answer(self, request: Request, kind: str, route_adapter: str | None) -> Response:
         started = time.monotonic()
         tenant_name, adapter_label, status = "-", route_adapter or "-", 500
         try:
@@ -152,14 +171,17 @@ class Gateway:
             adapter_label = adapter_id
             body.pop("model", None)
             engine = self.engine.options(multiplexed_model_id=adapter_id if manifest else "")
+            estimate, fair = _estimate_tokens(body), self.tenants.fair_share
+            share = ({"tenant": tenant.name, "weight": weight_of(tenant.priority), "estimated_tokens": estimate}
+                     if fair else None)  # an app.engine.fair_share.TenantShare
             if body.get("stream"):
                 # The admission slot is held until the stream ends, not until the response starts.
                 admitted = AsyncExitStack()
-                await admitted.enter_async_context(self.admission.admit(tenant, _estimate_tokens(body)))
-                response = await self._stream(engine, kind, body, manifest, admitted)
+                await admitted.enter_async_context(self.admission.admit(tenant, estimate, fair))
+                response = await self._stream(engine, kind, body, manifest, admitted, share)
             else:
-                async with self.admission.admit(tenant, _estimate_tokens(body)):
-                    response = _engine_response(await engine.generate.remote(kind, body, manifest))
+                async with self.admission.admit(tenant, estimate, fair):
+                    response = _engine_response(await engine.generate.remote(kind, body, manifest, share))
             status = response.status_code
             return response
         except Exception as exc:
@@ -169,23 +191,25 @@ class Gateway:
             metrics.observe_request(tenant_name, adapter_label, kind, status, time.monotonic() - started)
 
     async def _authorize(self, tenant: Tenant, adapter_id: str) -> dict:
-        """Latest manifest (as a dict) if the tenant may call the adapter; 404 / 403 otherwise."""
+        """Latest manifest (as a dict) if the tenant may call the adapter; else ``AdapterNotVisible``
+        (404), the same for an adapter of another tenant as for one that does not exist."""
         try:
             manifest = await self.catalog.get(adapter_id)
         except RegistryError as exc:
             if exc.http_status == 404:
-                raise NotFound(f"adapter {adapter_id!r} does not exist; GET /v1/models lists what you may call") from exc
+                raise AdapterNotVisible(adapter_id) from None
             raise
         if not tenant.may_use(manifest.adapter_id, manifest.owner_tenant):
-            raise Forbidden(f"adapter {adapter_id!r} belongs to another tenant")
+            raise AdapterNotVisible(adapter_id)
         return manifest.model_dump(mode="json")
 
     async def _stream(
-        self, engine: DeploymentHandle, kind: str, body: dict, manifest: dict | None, admitted: AsyncExitStack
+        self, engine: DeploymentHandle, kind: str, body: dict, manifest: dict | None, admitted: AsyncExitStack,
+        share: dict | None = None,
     ) -> Response:
         """Relays the engine's SSE stream; ``admitted`` (the admission slot) closes when it ends."""
         try:
-            gen = engine.options(stream=True).generate_stream.remote(kind, body, manifest)
+            gen = engine.options(stream=True).generate_stream.remote(kind, body, manifest, share)
             head = await gen.__anext__()
         except BaseException:
             await admitted.aclose()
