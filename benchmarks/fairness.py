@@ -41,9 +41,9 @@ from pathlib import Path
 import httpx
 from pydantic import BaseModel, Field
 
-from benchmarks.http.contention import Flood, ProbeRecord, probe
-from benchmarks.http.spec import Percentiles
-from benchmarks.http.stats import summarise
+from benchmarks.loadgen.contention import Flood, ProbeRecord, probe
+from benchmarks.loadgen.spec import Percentiles
+from benchmarks.loadgen.stats import summarise
 
 STACK_ARGS = {  # the serve config's args (merged into deploy/config.yaml's)
     "engine": {"max_num_seqs": 3},

@@ -4,7 +4,8 @@ A replica owns one engine (one GPU or TP group; on CPU, the embedded model). Req
 the gateway with the adapter's manifest already resolved and authorised; the replica's slot table
 makes the adapter resident (disk cache → ``add_lora``) and pins it for the request's lifetime.
 
-Return protocol to the gateway (plain data, so it crosses Ray unchanged):
+Return protocol to the gateway (plain data, so it crosses Ray unchanged; ``meta`` is an
+``app.request_meta.RequestMeta`` dump, None for internal calls, which are not recorded):
 - ``generate`` returns ``{"status": int, "body": dict, "replica": str}`` (+ ``retry_after_s`` on
   errors where retrying can help).
 - ``generate_stream`` yields ``{"status": int, "body": dict | None, "replica": str}`` first, then
@@ -28,9 +29,12 @@ from adapters_registry.manifest import AdapterManifest
 from app.config import AppConfig
 from app.engine import fair_share
 from app.errors import NotReady, describe, error_body
+from app.observability.engine import EngineRecorder
+from app.observability.registry_metrics import ReplicaRegistryMetrics
 
 logger = logging.getLogger(__name__)
 Kind = Literal["chat", "completion"]
+CLIENT_CLOSED = 499  # a stream whose consumer left before it ended
 
 
 def expert_lora_refusal() -> str | None:
@@ -74,14 +78,18 @@ class EngineServer:
         self.chat_request_cls, self.completion_request_cls, self.error_cls = vllm_serving.request_types()
         self._error_from_exception = vllm_serving.error_from_exception
         self.store = open_store(self.cfg.resolved_store_uri(), self.cfg.s3_endpoint_url)
-        self.cache = AdapterCache(self.cfg.resolved_cache_dir() / _cache_name(), self.cfg.cache_max_bytes)
+        self.replica = _replica_name()
+        self.recorder = EngineRecorder(self.cfg.observability, self.replica)
+        self.registry_metrics = registry_metrics = ReplicaRegistryMetrics(self.recorder.labels, self.replica)
+        self.cache = AdapterCache(self.cfg.resolved_cache_dir() / _cache_name(), self.cfg.cache_max_bytes,
+                                  observer=registry_metrics)
         self.lora_ops = vllm_serving.ServingLoraOps(self.serving)
         self.slots = AdapterSlots(
             self.lora_ops, self.cache, ecfg.max_cpu_loras,
             base=_base_model_info(ecfg.resolved_model()), max_lora_rank=ecfg.max_lora_rank,
+            observer=registry_metrics,
         )
         self.expert_lora_refusal = expert_lora_refusal()
-        self.replica = _replica_name()
         self.fair_share = (fair_share.EngineFairShare(ecfg.heavy_tenant_backlog_tokens, ecfg.heavy_tenant_stream_interval)
                            if vllm_serving.uses_priorities(ecfg) else None)
         self._shape_request = vllm_serving.shape_request
@@ -97,8 +105,9 @@ class EngineServer:
             serving.engine.shutdown()
 
     async def check_health(self) -> None:
-        """Serve health check: raises if the vLLM engine died."""
+        """Serve health check: raises if the vLLM engine died; records the residency gauges again."""
         await self.serving.engine.check_health()
+        self.registry_metrics.refresh()
 
     async def ready(self) -> bool:
         """True once a real one-token generation on the base model succeeds."""
@@ -153,9 +162,10 @@ class EngineServer:
         async with self.slots.use(self.store, manifest) as lora_request:
             yield lora_request.lora_name
 
-    def _parse(self, kind: Kind, body: dict[str, Any], model_name: str, ticket=None):
+    def _parse(self, kind: Kind, body: dict[str, Any], model_name: str, request_id: str | None = None, ticket=None):
         cls = self.chat_request_cls if kind == "chat" else self.completion_request_cls
-        request = cls.model_validate({**body, "model": model_name})
+        fields = {**body, "model": model_name} | ({"request_id": request_id} if request_id else {})
+        request = cls.model_validate(fields)
         self._shape_request(request, fair_share.EngineFairShare.priority(ticket),
                             self.fair_share.stream_interval(ticket) if self.fair_share is not None else None)
         handler = self.serving.chat.create_chat_completion if kind == "chat" else self.serving.completion.create_completion
@@ -175,21 +185,26 @@ class EngineServer:
         return {"status": status, "body": body}
 
     async def generate(self, kind: Kind, body: dict[str, Any], manifest: dict | None,
-                       share: dict | None = None) -> dict[str, Any]:
-        """Non-streaming completion/chat; ``manifest`` is an ``AdapterManifest`` dump or None."""
-        return {**await self._generate(kind, body, manifest, share), "replica": self.replica}
+                       meta: dict | None = None, share: dict | None = None) -> dict[str, Any]:
+        """Non-streaming completion/chat; ``manifest`` is an ``AdapterManifest`` dump or None,
+        ``meta`` a ``RequestMeta`` dump, ``share`` a ``fair_share.TenantShare`` dump."""
+        obs = self.recorder.start(meta, kind, stream=False)
+        out = {**await self._generate(kind, body, manifest, obs, share), "replica": self.replica}
+        self.recorder.finish(obs, out["status"])
+        return out
 
     def _ticket(self, share: dict | None):
         return self.fair_share.admit(share) if self.fair_share is not None else None
 
-    async def _generate(self, kind: Kind, body: dict[str, Any], manifest: dict | None,
+    async def _generate(self, kind: Kind, body: dict[str, Any], manifest: dict | None, obs=None,
                         share: dict | None = None) -> dict[str, Any]:
         ticket, served = self._ticket(share), None
         try:
             async with self._adapter(_manifest(manifest)) as model_name:
-                request, handler = self._parse(kind, body, model_name, ticket)
+                request, handler = self._parse(kind, body, model_name, obs and obs.meta.request_id, ticket)
                 request.stream = False
-                result = await handler(request, None)
+                with self.recorder.bind(obs):
+                    result = await handler(request, None)
                 if isinstance(result, self.error_cls):
                     return {"status": int(result.error.code), "body": result.model_dump()}
                 out = result.model_dump(mode="json", exclude_none=True)
@@ -203,20 +218,29 @@ class EngineServer:
                 self.fair_share.finish(ticket, served)
 
     async def generate_stream(self, kind: Kind, body: dict[str, Any], manifest: dict | None,
-                              share: dict | None = None) -> AsyncIterator[Any]:
+                              meta: dict | None = None, share: dict | None = None) -> AsyncIterator[Any]:
         """Streaming completion/chat: a status dict first, then SSE chunks (see module doc)."""
-        async for item in self._generate_stream(kind, body, manifest, share):
-            yield {**item, "replica": self.replica} if isinstance(item, dict) else item
+        obs = self.recorder.start(meta, kind, stream=True)
+        status, ended = CLIENT_CLOSED, False
+        try:
+            async for item in self._generate_stream(kind, body, manifest, obs, share):
+                if isinstance(item, dict):  # the head, or an error after the stream started
+                    status, item = item["status"], {**item, "replica": self.replica}
+                yield item
+            ended = True
+        finally:
+            self.recorder.finish(obs, status if status != 200 or ended else CLIENT_CLOSED)
 
-    async def _generate_stream(self, kind: Kind, body: dict[str, Any], manifest: dict | None,
+    async def _generate_stream(self, kind: Kind, body: dict[str, Any], manifest: dict | None, obs=None,
                                share: dict | None = None) -> AsyncIterator[Any]:
         ticket, served, strip_usage = self._ticket(share), None, False
         if ticket is not None:
             body, strip_usage = fair_share.ask_stream_usage(body)
         try:
             async with self._adapter(_manifest(manifest)) as model_name:
-                request, handler = self._parse(kind, body, model_name, ticket)
-                result = await handler(request, None)
+                request, handler = self._parse(kind, body, model_name, obs and obs.meta.request_id, ticket)
+                with self.recorder.bind(obs):
+                    result = await handler(request, None)
                 if isinstance(result, self.error_cls):
                     yield {"status": int(result.error.code), "body": result.model_dump()}
                     return

@@ -57,7 +57,8 @@ class FairQueue:
             return
         if self.waiting >= self.max_waiting or self.wait_s <= 0:
             raise Overloaded(f"the service is at capacity ({self.in_use} requests in flight, {self.waiting} "
-                             "waiting); retry shortly", retry_after_s=max(1.0, self.wait_s))
+                             "waiting); retry shortly", retry_after_s=max(1.0, self.wait_s),
+                             reason="gateway_capacity")
         fut = asyncio.get_running_loop().create_future()
         heapq.heappush(self._waiting, (tag, next(self._order), fut))
         try:
@@ -67,7 +68,7 @@ class FairQueue:
                 return
             fut.cancel()
             raise Overloaded(f"the service is at capacity: no slot freed within {self.wait_s:g} s; retry shortly",
-                             retry_after_s=max(1.0, self.wait_s)) from None
+                             retry_after_s=max(1.0, self.wait_s), reason="gateway_wait") from None
         except BaseException:
             if fut.done() and not fut.cancelled():
                 self._release()  # granted, then the caller went away

@@ -73,7 +73,7 @@ class RayLedger:
             raise
         except Exception as exc:
             raise Overloaded(f"the quota ledger did not answer ({type(exc).__name__}); retry shortly",
-                             retry_after_s=1.0) from exc
+                             retry_after_s=1.0, reason="quota_ledger") from exc
 
     async def acquire(self, req: LeaseRequest) -> LeaseGrant:
         return await self._call(self.actors[shard_of(req.tenant, len(self.actors))].acquire.remote(req))

@@ -77,7 +77,7 @@ class TenantQuotas:
             return
         if n > tpm:
             raise RateLimited(f"request needs ~{n} tokens, above the tenant's budget of {tpm} per minute: "
-                              "lower max_tokens or the prompt")
+                              "lower max_tokens or the prompt", reason="request_too_large")
         lease = self._lease(tenant)
         if lease.tokens < n:
             grant = await self.ledger.acquire(LeaseRequest(gateway=self.gateway_id, tenant=tenant.name,
@@ -85,7 +85,7 @@ class TenantQuotas:
             lease.tokens += grant.tokens
             if lease.tokens < n:
                 raise RateLimited(f"tenant {tenant.name!r} token budget exhausted; retry later",
-                                  retry_after_s=grant.retry_after_s or 1.0)
+                                  retry_after_s=grant.retry_after_s or 1.0, reason="token_budget")
         lease.tokens -= n
 
     def refund_tokens(self, tenant: Tenant, n: int) -> None:
@@ -112,7 +112,8 @@ class TenantQuotas:
             if left <= 0 or lease.live_waiters() >= self.max_waiting:
                 raise RateLimited(
                     f"tenant {tenant.name!r} is at its limit of {lease.limits.max_concurrency} requests in flight "
-                    "(counted over all gateway replicas); retry later", retry_after_s=1.0)
+                    "(counted over all gateway replicas); retry later", retry_after_s=1.0,
+                    reason="concurrency")
             if await self._wait_for_release(lease, min(left, 2 * self.sync_interval_s)):
                 return  # a release here handed its slot over
 

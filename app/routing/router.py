@@ -14,6 +14,7 @@ taking a slot there (``placement.view_from_stats``).
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -28,6 +29,7 @@ from ray.serve.request_router import (
 from app.routing.placement import ReplicaView, rank_replicas, view_from_stats
 
 RECENT_S = 5.0
+logger = logging.getLogger(__name__)
 
 
 class AdapterAffinityRouter(FIFOMixin, RequestRouter):
@@ -57,5 +59,7 @@ class AdapterAffinityRouter(FIFOMixin, RequestRouter):
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any) -> None:
         adapter_id = pending_request.metadata.multiplexed_model_id
+        logger.debug("request %s (adapter %r) routed to %s", pending_request.metadata.request_id,
+                     adapter_id, replica_id.unique_id)
         if adapter_id:
             self._recent.setdefault(replica_id, {})[adapter_id] = time.monotonic()

@@ -17,8 +17,8 @@ from collections import deque
 
 from pydantic import BaseModel, Field
 
-from benchmarks.http.spec import Percentiles
-from benchmarks.http.stats import summarise
+from benchmarks.loadgen.spec import Percentiles
+from benchmarks.loadgen.stats import summarise
 from benchmarks.packsim.autoscaler import Autoscaler, AutoscaleSpec
 from benchmarks.packsim.calibration import Calibration
 from benchmarks.packsim.replica import Replica, Request

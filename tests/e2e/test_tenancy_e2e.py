@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from benchmarks import fairness
-from benchmarks.http.contention import GATEWAY_HEADER
+from benchmarks.loadgen.contention import GATEWAY_HEADER
 
 pytestmark = pytest.mark.e2e
 METERED_TPM = 3000

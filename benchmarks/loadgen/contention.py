@@ -5,7 +5,7 @@ streaming request at a time) whose TTFT is what contention costs the polite tena
 stopped, counting the output tokens it receives (vLLM's per-chunk usage, asked for with
 ``continuous_usage_stats``), so its token rate over any window is known (``tokens`` read at both
 ends). ``probe`` sends ``n`` requests one after another, ``pause_s``
-apart, and measures each as ``benchmarks.http.client`` does (TTFT: send to the first content
+apart, and measures each as ``benchmarks.loadgen.client`` does (TTFT: send to the first content
 chunk). Both note which gateway replica answered (``x-loraplex-gateway``).
 """
 
@@ -19,8 +19,8 @@ from collections import Counter
 import httpx
 from pydantic import BaseModel, Field
 
-from benchmarks.http.spec import RequestRecord
-from benchmarks.http.sse import StreamState, finish_record, sse_events
+from benchmarks.loadgen.spec import RequestRecord
+from benchmarks.loadgen.sse import StreamState, finish_record, sse_events
 
 GATEWAY_HEADER = "x-loraplex-gateway"
 COMPLETIONS = "/v1/completions"
