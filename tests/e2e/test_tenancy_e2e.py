@@ -60,6 +60,7 @@ def test_a_polite_tenant_keeps_its_latency_while_another_floods(tenancy_stack):
     alone = fairness.summarise(by["alone"].ttfts_ms + by["alone, again"].ttfts_ms)
     report = "\n".join(f"{p.name}: {p.ttft_ms}, flood {p.flood_alone_tokens_per_s} / {p.flood_tokens_per_s} tok/s"
                        for p in phases)
+    print("\nfairness phases:\n" + report)  # the figures (pytest -s shows them)
     assert all(p.probe_failures == 0 for p in phases), report
     assert fair.ttft_ms.p99 <= 2 * alone.p99, report
     assert fcfs.ttft_ms.p50 >= 5 * fair.ttft_ms.p50, report  # the contrast: fair share is what keeps it low
@@ -93,6 +94,7 @@ def test_a_token_budget_holds_across_both_gateway_replicas(tenancy_stack):
     admitted = sum(cost for status, *_ in answers if status == 200)
     allowed = METERED_TPM + elapsed * METERED_TPM / 60
     refused = [a for a in answers if a[0] == 429]
+    print(f"\nbudget: admitted {admitted} tokens, allowed {allowed:.0f} in {elapsed:.1f} s, {len(refused)} refused")
     assert {s for s, *_ in answers} <= {200, 429}, answers
     assert refused and all(retry for *_, retry in refused)
     assert 0.9 * METERED_TPM <= admitted <= 1.1 * allowed, (admitted, allowed, elapsed)
