@@ -28,7 +28,7 @@ def tenancy_stack(loraplex_home, tmp_path_factory):
     """A stack of its own (its own LORAPLEX_HOME: its processes and tenants file are its own)."""
     from app.embedded.setup import init
     from app.gateway.tenants import TenantsFile
-    from tests.helpers.stack import start_stack, stop_stack
+    from tests.helpers.stack import start_stack, stop_stack, wait_for_engine_replicas
 
     home = tmp_path_factory.mktemp("tenancy-home")
     shutil.copytree(loraplex_home / "models", home / "models")
@@ -39,6 +39,11 @@ def tenancy_stack(loraplex_home, tmp_path_factory):
     doc.write(home / "tenants.yaml")
     stack = start_stack(home, tmp_path_factory.mktemp("tenancy-stack"), args_update=fairness.stack_args(8))
     stack.keys.update(keys)
+    try:
+        wait_for_engine_replicas(stack, 2)  # measured with both engine replicas serving
+    except BaseException:
+        stop_stack(stack)
+        raise
     yield stack
     stop_stack(stack)
 
