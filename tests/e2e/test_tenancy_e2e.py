@@ -52,7 +52,7 @@ def test_a_polite_tenant_keeps_its_latency_while_another_floods(tenancy_stack):
     """Measured in one run (``benchmarks.fairness``'s phases): the polite tenant's TTFT alone
     (30 requests, one at a time, before and after the floods), under a flood of 8 long streams
     with fair share (30 requests), and under the same flood first come, first served (15).
-    With fair share its TTFT p99 stays within 2× its p99 alone; without, its median is many
+    With fair share its TTFT p99 stays within 2× its p99 alone; without, its p99 is many
     times that (it waits for flood streams to end). The flood keeps the capacity the polite
     tenant leaves: its token rate while the probes run is most of its rate alone."""
     stack = tenancy_stack
@@ -68,7 +68,7 @@ def test_a_polite_tenant_keeps_its_latency_while_another_floods(tenancy_stack):
     print("\nfairness phases:\n" + report)  # the figures (pytest -s shows them)
     assert all(p.probe_failures == 0 for p in phases), report
     assert fair.ttft_ms.p99 <= 2 * alone.p99, report
-    assert fcfs.ttft_ms.p50 >= 5 * fair.ttft_ms.p50, report  # the contrast: fair share is what keeps it low
+    assert fcfs.ttft_ms.p99 >= 5 * fair.ttft_ms.p99, report  # the contrast: fair share is what keeps it low
     assert fair.flood_tokens_per_s >= 0.6 * fair.flood_alone_tokens_per_s, report  # work-conserving
     gateways = set(fair.gateways) | set(fcfs.gateways)
     assert len(gateways) == 2, f"both gateway replicas should have served: {gateways}"
