@@ -140,10 +140,10 @@ ADAPTER_ROUTES = [  # (path, JSON body) of every route that names an adapter; {a
 ]
 
 
-def _ask(stack, tenant: str, adapter_id: str, path: str, body: dict) -> httpx.Response:
+def _ask(stack, tenant: str, adapter_id: str, path: str, body: dict, request_id: str | None = None) -> httpx.Response:
     filled = json.loads(json.dumps(body).replace("{a}", adapter_id))
-    return httpx.post(stack.base_url + path.replace("{a}", adapter_id), headers=stack.headers(tenant),
-                      json=filled, timeout=60)
+    headers = stack.headers(tenant) | ({"x-request-id": request_id} if request_id else {})
+    return httpx.post(stack.base_url + path.replace("{a}", adapter_id), headers=headers, json=filled, timeout=60)
 
 
 @pytest.mark.parametrize("path,body", ADAPTER_ROUTES)
@@ -151,8 +151,8 @@ def test_another_tenants_adapter_answers_exactly_as_a_missing_one(serve_stack, p
     """globex asks for acme's adapter and for one that does not exist: same status, same
     headers that say anything about the adapter, same body but for the id asked (OWASP API1:
     an adapter's existence does not leak). acme itself is served on the same route."""
-    theirs = _ask(serve_stack, "globex", "acme-support", path, body)
-    missing = _ask(serve_stack, "globex", "no-such-adapter", path, body)
+    theirs = _ask(serve_stack, "globex", "acme-support", path, body, request_id="same-id")  # the body names it
+    missing = _ask(serve_stack, "globex", "no-such-adapter", path, body, request_id="same-id")
     assert theirs.status_code == missing.status_code == 404
     assert theirs.headers["content-type"] == missing.headers["content-type"]
     assert "x-loraplex-replica" not in theirs.headers and "x-loraplex-replica" not in missing.headers

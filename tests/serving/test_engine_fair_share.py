@@ -58,7 +58,7 @@ async def flood_then_polite(server, fair: bool, polite_body_priority: int | None
 
     async def flood(i: int) -> None:
         async for item in server.generate_stream("completion", flood_body, None,
-                                                 share("flood", FLOOD_TOKENS) if fair else None):
+                                                 share=share("flood", FLOOD_TOKENS) if fair else None):
             if isinstance(item, str):
                 chunks[i] += 1
         ended.append(time.monotonic())
@@ -72,7 +72,7 @@ async def flood_then_polite(server, fair: bool, polite_body_priority: int | None
     body = {"prompt": "polite", "max_tokens": POLITE_TOKENS, "temperature": 0}
     if polite_body_priority is not None:
         body["priority"] = polite_body_priority
-    out = await server.generate("completion", body, None, share("polite", POLITE_TOKENS) if fair else None)
+    out = await server.generate("completion", body, None, share=share("polite", POLITE_TOKENS) if fair else None)
     polite_done = time.monotonic()
     await asyncio.gather(*tasks)
     assert out["status"] == 200, out
