@@ -117,11 +117,11 @@ class TenantQuotas:
             if await self._wait_for_release(lease, min(left, 2 * self.sync_interval_s)):
                 return  # a release here handed its slot over
 
-    async def _wait_for_release(self, lease: _Lease, timeout: float) -> bool:
+    async def _wait_for_release(self, lease: _Lease, within_s: float) -> bool:
         fut = asyncio.get_running_loop().create_future()
         lease.waiters.append(fut)
         try:
-            await asyncio.wait_for(asyncio.shield(fut), timeout)
+            await asyncio.wait_for(asyncio.shield(fut), within_s)
             return True
         except TimeoutError:
             if fut.done() and not fut.cancelled():

@@ -22,7 +22,11 @@ from benchmarks.loadgen.stats import summarise
 from benchmarks.packsim.autoscaler import Autoscaler, AutoscaleSpec
 from benchmarks.packsim.calibration import Calibration
 from benchmarks.packsim.replica import Replica, Request
-from benchmarks.packsim.routers import LoraplexRouter, OnePerTenantRouter, ServeDefaultRouter
+from benchmarks.packsim.routers import (
+    LoraplexRouter,
+    OnePerTenantRouter,
+    ServeDefaultRouter,
+)
 from benchmarks.packsim.workload import WorkloadSpec, arrivals, tenant_name
 
 POLICIES = ("loraplex", "serve-default", "one-per-tenant")
