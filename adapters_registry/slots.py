@@ -137,6 +137,16 @@ class AdapterSlots:
     def free_slots(self) -> int:
         return self.capacity - len(self._table)
 
+    def active(self) -> list[str]:
+        """Adapter ids that requests are using now (each pins its row)."""
+        return sorted({s.manifest.adapter_id for s in self._table.values() if s.active})
+
+    @property
+    def loadable_slots(self) -> int:
+        """Rows a new adapter could take now: free ones and idle, unpinned, loaded ones."""
+        return self.free_slots + sum(1 for s in self._table.values()
+                                     if not s.active and not s.operator_pinned and s.loaded)
+
     # ---- the request path -----------------------------------------------------------------------
     @contextlib.asynccontextmanager
     async def use(self, store: AdapterStore, manifest: AdapterManifest) -> AsyncIterator[Any]:

@@ -43,6 +43,10 @@ class DeploymentOptions(_Strict):
     )
     health_check_period_s: float | None = Field(None, description="Seconds between replica health checks.")
     health_check_timeout_s: float | None = Field(None, description="Seconds before a health check fails.")
+    graceful_shutdown_timeout_s: float | None = Field(
+        None, description="Seconds a stopping replica (scale-down, upgrade) waits for its requests, streams included, "
+        "before it is killed (None: the engine's default of app.main, Serve's for the gateway).",
+    )
     request_router_config: dict[str, Any] | None = Field(
         None,
         description="Ray Serve RequestRouterConfig (request_router_class, request_routing_stats_period_s, ...); "
@@ -86,6 +90,21 @@ class EngineConfig(_Strict):
     )
     moe_lora_plugin: bool = Field(True, description="loraplex's MoE-LoRA kernels on (the vLLM plugin switch).")
     seed: int = Field(0, description="Engine sampling seed.")
+    priority_scheduling: bool = Field(
+        True,
+        description="Fair share inside the batch: requests carry their tenant's fair-share tag as vLLM priority "
+        "(scheduling_policy=priority) and a waiting request of a better tag takes a full batch's worst slot "
+        "(kernels.vllm.priority_scheduler). Off: vLLM's first come, first served.",
+    )
+    priority_preempt_margin: int = Field(
+        256, ge=0, description="Virtual tokens by which a waiting request must lead the worst running one to take its slot."
+    )
+    heavy_tenant_backlog_tokens: int | None = Field(
+        2048, ge=0, description="With priority_scheduling: a tenant whose admitted, unserved work on a replica exceeds this "
+        "many virtual tokens gets new streams in chunks of heavy_tenant_stream_interval tokens (first token at once), so "
+        "relaying its flood does not cost every tenant host time. None: off.",
+    )
+    heavy_tenant_stream_interval: int = Field(16, ge=1, description="Tokens per streamed chunk for a heavy tenant's streams.")
     extra_engine_args: dict[str, Any] = Field(
         default_factory=dict, description="Further vLLM AsyncEngineArgs fields, passed through unchanged."
     )
@@ -103,6 +122,28 @@ class EngineConfig(_Strict):
         return self
 
 
+class TenancyConfig(_Strict):
+    """How tenants share the service: waits at the limits, and the quota ledger all gateway replicas share."""
+
+    tenant_wait_s: float = Field(
+        1.0, ge=0, description="Seconds a request of a tenant at its concurrency cap waits for a slot before 429 (0: at once)."
+    )
+    dispatch_wait_s: float = Field(
+        2.0, ge=0, description="Seconds a request waits, in fair-share order, for a dispatch slot of a full gateway "
+        "replica (max_in_flight_per_gateway) before 503 (0: at once).",
+    )
+    max_waiting_per_gateway: int = Field(256, ge=1, description="Requests waiting for a dispatch slot of one gateway replica before 503 at once.")
+    max_waiting_per_tenant: int = Field(64, ge=1, description="Requests of one tenant waiting for a concurrency slot on one gateway replica before 429 at once.")
+    quota_shards: int = Field(1, ge=1, description="Ray actors holding the tenants' cluster-wide budgets and concurrency (tenants hashed over them).")
+    quota_sync_interval_s: float = Field(0.1, gt=0, description="Seconds between a gateway replica's syncs with the quota ledger (releases, heartbeat).")
+    quota_lease_ttl_s: float = Field(10.0, gt=0, description="Seconds without a sync after which a gateway replica's leased slots return to the pool.")
+    token_lease_fraction: float = Field(
+        1 / 32, gt=0, le=1, description="Tokens leased to a gateway replica at a time, as a fraction of the per-minute budget "
+        "(replicas × this bounds the budget left unused on idle replicas).",
+    )
+    spare_idle_s: float = Field(2.0, gt=0, description="Seconds a tenant may be idle on a gateway replica before its leased slots and tokens go back.")
+
+
 class AppConfig(_Strict):
     """Arguments of ``app.main:build_app``: the whole loraplex Serve application."""
 
@@ -118,6 +159,7 @@ class AppConfig(_Strict):
     max_in_flight_per_gateway: int | None = Field(
         1024, ge=1, description="Requests one gateway replica admits at once before answering 503 (None: unbounded)."
     )
+    tenancy: TenancyConfig = Field(default_factory=TenancyConfig, description="Waits at tenant and gateway limits; the cluster-wide quota ledger.")
     engine: EngineConfig = Field(default_factory=EngineConfig, description="The vLLM engine of each replica.")
     engine_deployment: DeploymentOptions = Field(
         default_factory=lambda: DeploymentOptions(num_replicas=1), description="Serve options of the engine deployment."

@@ -43,6 +43,15 @@ class NotFound(LoraplexError):
     error_type = "not_found_error"
 
 
+class AdapterNotVisible(NotFound):
+    """An adapter the caller may not use, or that does not exist: one answer for both, so an
+    adapter's existence does not leak to other tenants (the message depends on the id asked only)."""
+
+    def __init__(self, adapter_id: str):
+        super().__init__(f"The model {adapter_id!r} does not exist or you do not have access to it; "
+                         "GET /v1/models lists the models you may call")
+
+
 class BadRequest(LoraplexError):
     http_status = 400
     error_type = "invalid_request_error"

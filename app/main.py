@@ -16,6 +16,8 @@ ADAPTER_AFFINITY_ROUTER = {
     "request_routing_stats_period_s": 1.0,
     "request_routing_stats_timeout_s": 5.0,
 }
+# A replica the autoscaler removes finishes its streams first (Serve's default, 20 s, cuts long ones).
+ENGINE_SHUTDOWN_GRACE_S = 600.0
 
 
 def build_app(args: dict[str, Any] | None = None) -> Application:
@@ -24,6 +26,7 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
     config = cfg.model_dump(mode="json")
     engine_options = cfg.engine_deployment.serve_options()
     engine_options.setdefault("request_router_config", ADAPTER_AFFINITY_ROUTER)
+    engine_options.setdefault("graceful_shutdown_timeout_s", ENGINE_SHUTDOWN_GRACE_S)
     engine = serve.deployment(EngineServer, name="Engine").options(**engine_options)
     gateway = Gateway.options(**cfg.gateway_deployment.serve_options())
     return gateway.bind(engine.bind(config), config)

@@ -10,6 +10,7 @@ Return protocol to the gateway (plain data, so it crosses Ray unchanged; ``meta`
   errors where retrying can help).
 - ``generate_stream`` yields ``{"status": int, "body": dict | None, "replica": str}`` first, then
   SSE strings (``"data: ...\\n\\n"``) when the status is 200.
+- Both take ``share``, the request's ``app.engine.fair_share.TenantShare`` (None: no fair share).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, Literal
@@ -25,6 +27,7 @@ from ray import serve
 
 from adapters_registry.manifest import AdapterManifest
 from app.config import AppConfig
+from app.engine import fair_share
 from app.errors import NotReady, describe, error_body
 from app.observability.engine import EngineRecorder
 from app.observability.registry_metrics import ReplicaRegistryMetrics
@@ -70,6 +73,7 @@ class EngineServer:
         os.environ["LORAPLEX_MOE_LORA"] = "1" if ecfg.moe_lora_plugin else "0"
         if ecfg.cpu_kvcache_space_gib is not None:
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(ecfg.cpu_kvcache_space_gib)
+        os.environ["LORAPLEX_PREEMPT_MARGIN"] = str(ecfg.priority_preempt_margin)  # read by the engine core
         self.serving = await vllm_serving.start_engine(ecfg)
         self.chat_request_cls, self.completion_request_cls, self.error_cls = vllm_serving.request_types()
         self._error_from_exception = vllm_serving.error_from_exception
@@ -86,6 +90,10 @@ class EngineServer:
             observer=registry_metrics,
         )
         self.expert_lora_refusal = expert_lora_refusal()
+        self.fair_share = (fair_share.EngineFairShare(ecfg.heavy_tenant_backlog_tokens, ecfg.heavy_tenant_stream_interval)
+                           if vllm_serving.uses_priorities(ecfg) else None)
+        self._shape_request = vllm_serving.shape_request
+        self.started_at = time.time()  # the router packs onto older replicas (Serve stops the newest)
         self._newest_version: dict[str, int] = {}  # per adapter id: newest version requested here
 
     def __del__(self) -> None:
@@ -110,7 +118,10 @@ class EngineServer:
 
     def record_routing_stats(self) -> dict[str, Any]:
         """Serve calls this periodically; ``app.routing.router`` ranks replicas by it."""
-        return {"resident": self.slots.resident(), "free_slots": self.slots.free_slots}
+        return {"resident": self.slots.resident(), "free_slots": self.slots.free_slots,
+                "loadable_slots": self.slots.loadable_slots, "active": self.slots.active(),
+                "max_loras": self.cfg.engine.max_loras,
+                "batch_capacity": self.cfg.engine.max_num_seqs, "started_at": self.started_at}
 
     async def residency(self) -> dict[str, Any]:
         """The slot table (LRU order), the adapters the vLLM engine has registered (its
@@ -151,10 +162,12 @@ class EngineServer:
         async with self.slots.use(self.store, manifest) as lora_request:
             yield lora_request.lora_name
 
-    def _parse(self, kind: Kind, body: dict[str, Any], model_name: str, request_id: str | None = None):
+    def _parse(self, kind: Kind, body: dict[str, Any], model_name: str, request_id: str | None = None, ticket=None):
         cls = self.chat_request_cls if kind == "chat" else self.completion_request_cls
         fields = {**body, "model": model_name} | ({"request_id": request_id} if request_id else {})
         request = cls.model_validate(fields)
+        self._shape_request(request, fair_share.EngineFairShare.priority(ticket),
+                            self.fair_share.stream_interval(ticket) if self.fair_share is not None else None)
         handler = self.serving.chat.create_chat_completion if kind == "chat" else self.serving.completion.create_completion
         return request, handler
 
@@ -172,34 +185,45 @@ class EngineServer:
         return {"status": status, "body": body}
 
     async def generate(self, kind: Kind, body: dict[str, Any], manifest: dict | None,
-                       meta: dict | None = None) -> dict[str, Any]:
-        """Non-streaming completion/chat; ``manifest`` is an ``AdapterManifest`` dump or None."""
+                       meta: dict | None = None, share: dict | None = None) -> dict[str, Any]:
+        """Non-streaming completion/chat; ``manifest`` is an ``AdapterManifest`` dump or None,
+        ``meta`` a ``RequestMeta`` dump, ``share`` a ``fair_share.TenantShare`` dump."""
         obs = self.recorder.start(meta, kind, stream=False)
-        out = {**await self._generate(kind, body, manifest, obs), "replica": self.replica}
+        out = {**await self._generate(kind, body, manifest, obs, share), "replica": self.replica}
         self.recorder.finish(obs, out["status"])
         return out
 
-    async def _generate(self, kind: Kind, body: dict[str, Any], manifest: dict | None, obs=None) -> dict[str, Any]:
+    def _ticket(self, share: dict | None):
+        return self.fair_share.admit(share) if self.fair_share is not None else None
+
+    async def _generate(self, kind: Kind, body: dict[str, Any], manifest: dict | None, obs=None,
+                        share: dict | None = None) -> dict[str, Any]:
+        ticket, served = self._ticket(share), None
         try:
             async with self._adapter(_manifest(manifest)) as model_name:
-                request, handler = self._parse(kind, body, model_name, obs and obs.meta.request_id)
+                request, handler = self._parse(kind, body, model_name, obs and obs.meta.request_id, ticket)
                 request.stream = False
                 with self.recorder.bind(obs):
                     result = await handler(request, None)
                 if isinstance(result, self.error_cls):
                     return {"status": int(result.error.code), "body": result.model_dump()}
-                return {"status": 200, "body": result.model_dump(mode="json", exclude_none=True)}
+                out = result.model_dump(mode="json", exclude_none=True)
+                served = fair_share.usage_of_body(out)
+                return {"status": 200, "body": out}
         except Exception as exc:  # mapped to an HTTP error, the replica keeps serving
             logger.info("request failed: %r", exc)
             return self._error(exc)
+        finally:
+            if self.fair_share is not None:
+                self.fair_share.finish(ticket, served)
 
     async def generate_stream(self, kind: Kind, body: dict[str, Any], manifest: dict | None,
-                              meta: dict | None = None) -> AsyncIterator[Any]:
+                              meta: dict | None = None, share: dict | None = None) -> AsyncIterator[Any]:
         """Streaming completion/chat: a status dict first, then SSE chunks (see module doc)."""
         obs = self.recorder.start(meta, kind, stream=True)
         status, ended = CLIENT_CLOSED, False
         try:
-            async for item in self._generate_stream(kind, body, manifest, obs):
+            async for item in self._generate_stream(kind, body, manifest, obs, share):
                 if isinstance(item, dict):  # the head, or an error after the stream started
                     status, item = item["status"], {**item, "replica": self.replica}
                 yield item
@@ -207,10 +231,14 @@ class EngineServer:
         finally:
             self.recorder.finish(obs, status if status != 200 or ended else CLIENT_CLOSED)
 
-    async def _generate_stream(self, kind: Kind, body: dict[str, Any], manifest: dict | None, obs=None) -> AsyncIterator[Any]:
+    async def _generate_stream(self, kind: Kind, body: dict[str, Any], manifest: dict | None, obs=None,
+                               share: dict | None = None) -> AsyncIterator[Any]:
+        ticket, served, strip_usage = self._ticket(share), None, False
+        if ticket is not None:
+            body, strip_usage = fair_share.ask_stream_usage(body)
         try:
             async with self._adapter(_manifest(manifest)) as model_name:
-                request, handler = self._parse(kind, body, model_name, obs and obs.meta.request_id)
+                request, handler = self._parse(kind, body, model_name, obs and obs.meta.request_id, ticket)
                 with self.recorder.bind(obs):
                     result = await handler(request, None)
                 if isinstance(result, self.error_cls):
@@ -218,12 +246,19 @@ class EngineServer:
                     return
                 yield {"status": 200, "body": None}
                 async for chunk in result:
+                    if ticket is not None and (usage := fair_share.usage_of_chunk(chunk)) is not None:
+                        served = usage
+                        if strip_usage:
+                            continue
                     yield chunk
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             logger.info("stream failed: %r", exc)
             yield self._error(exc)
+        finally:
+            if self.fair_share is not None:
+                self.fair_share.finish(ticket, served)
 
 
 def _manifest(dump: dict | None) -> AdapterManifest | None:

@@ -81,10 +81,35 @@ def engine_kwargs(cfg: EngineConfig) -> dict[str, Any]:
     )
     if cfg.max_num_batched_tokens is not None:
         kw["max_num_batched_tokens"] = cfg.max_num_batched_tokens
+    kw.update(priority_scheduling_kwargs(cfg))
     kw["lora_target_modules"] = (cfg.lora_target_modules if cfg.lora_target_modules is not None
                                  else default_lora_targets(cfg.moe_lora_plugin, _is_cpu()))
     kw.update(cfg.extra_engine_args)
     return kw
+
+
+PRIORITY_SCHEDULER = "kernels.vllm.priority_scheduler.build_scheduler"
+
+
+def priority_scheduling_kwargs(cfg: EngineConfig) -> dict[str, Any]:
+    """Engine arguments of fair share inside the batch: vLLM's priority policy with loraplex's
+    preempting scheduler (``kernels.vllm.priority_scheduler``); none when it is off."""
+    if not cfg.priority_scheduling:
+        return {}
+    return {"scheduling_policy": "priority", "scheduler_cls": PRIORITY_SCHEDULER}
+
+
+def uses_priorities(cfg: EngineConfig) -> bool:
+    """Whether requests of this engine may carry a non-zero vLLM priority."""
+    return engine_kwargs(cfg).get("scheduling_policy") == "priority"
+
+
+def shape_request(request, priority: int, stream_interval: int | None) -> None:
+    """Sets a parsed chat/completion request's vLLM ``priority`` (always: a client's own is never
+    used) and raises its ``stream_interval`` (where this vLLM has the field)."""
+    request.priority = priority
+    if stream_interval and "stream_interval" in type(request).model_fields:
+        request.stream_interval = max(stream_interval, request.stream_interval or 1)
 
 
 def build_args(cfg: EngineConfig) -> Namespace:

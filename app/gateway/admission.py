@@ -1,72 +1,79 @@
-"""Admission: per-tenant concurrency limits and token budgets (429 with Retry-After), and a
-global in-flight bound per gateway replica (503 with Retry-After) so overload sheds load early
-instead of queueing without bound.
+"""Admission: a request's tenant budget, tenant concurrency and a dispatch slot of this gateway
+replica, held for the request's lifetime.
 
-``Admission.admit(tenant, estimated_tokens)`` is an async context manager held for a request's
-lifetime. Budgets are a token bucket per tenant refilled continuously at ``tokens_per_minute``;
-a request is charged its prompt estimate plus ``max_tokens`` up front.
+``Admission.admit(tenant, estimated_tokens, fair)`` is an async context manager:
+
+1. tokens: the prompt estimate plus ``max_tokens``, charged up front to the tenant's budget,
+   which all gateway replicas share (``app.gateway.quotas``: leases from the quota ledger);
+   exhausted → 429 with ``Retry-After``;
+2. a concurrency slot of the tenant (also cluster-wide), waiting up to ``tenant_wait_s`` at the
+   cap (429 after);
+3. a dispatch slot of this replica (``app.gateway.fairness``: ``max_in_flight`` of them, waited
+   for up to ``dispatch_wait_s`` in fair-share order when ``fair`` — else in arrival order — 503
+   after).
+
+Tokens of a request refused at step 2 or 3 are given back.
 """
 
 from __future__ import annotations
 
-import time
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 
-from app.errors import Overloaded, RateLimited
+from app.config import AppConfig
+from app.gateway.fairness import FairQueue
+from app.gateway.quota_ledger import LocalLedger, RayLedger
+from app.gateway.quotas import TenantQuotas
 from app.gateway.tenants import Tenant
+from app.vtc import weight_of
 
-
-@dataclass
-class _TenantState:
-    in_flight: int = 0
-    tokens: float = 0.0
-    updated: float = field(default_factory=time.monotonic)
+FIFO_WEIGHT_TENANT = "-"  # with fair share off every request counts as one tenant's: arrival order
 
 
 class Admission:
-    def __init__(self, max_in_flight: int | None = None) -> None:
-        self._state: dict[str, _TenantState] = {}
-        self.max_in_flight = max_in_flight
-        self.in_flight = 0
+    def __init__(self, quotas: TenantQuotas, queue: FairQueue, tenant_wait_s: float = 0.0) -> None:
+        self.quotas = quotas
+        self.queue = queue
+        self.tenant_wait_s = tenant_wait_s
 
-    def _bucket(self, tenant: Tenant) -> _TenantState:
-        st = self._state.get(tenant.name)
-        if st is None:
-            st = self._state[tenant.name] = _TenantState(tokens=float(tenant.tokens_per_minute or 0))
-        if tenant.tokens_per_minute:
-            now = time.monotonic()
-            rate = tenant.tokens_per_minute / 60.0
-            st.tokens = min(float(tenant.tokens_per_minute), st.tokens + (now - st.updated) * rate)
-            st.updated = now
-        return st
+    @classmethod
+    def local(cls, max_in_flight: int | None = None, tenant_wait_s: float = 0.0,
+              dispatch_wait_s: float = 0.0) -> Admission:
+        """Admission of one process without Ray (the quota ledger in this process)."""
+        return cls(TenantQuotas(LocalLedger(), "local"), FairQueue(max_in_flight, wait_s=dispatch_wait_s),
+                   tenant_wait_s)
+
+    @property
+    def in_flight(self) -> int:
+        return self.queue.in_use
 
     @asynccontextmanager
-    async def admit(self, tenant: Tenant, estimated_tokens: int):
-        if self.max_in_flight is not None and self.in_flight >= self.max_in_flight:
-            raise Overloaded(f"the service is at capacity ({self.in_flight} requests in flight); retry shortly", retry_after_s=1.0,
-                             reason="gateway_capacity")
-        st = self._bucket(tenant)
-        if st.in_flight >= tenant.max_concurrency:
-            raise RateLimited(
-                f"tenant {tenant.name!r} has {st.in_flight} requests in flight (limit {tenant.max_concurrency}); retry later",
-                retry_after_s=1.0, reason="concurrency",
-            )
-        if tenant.tokens_per_minute:
-            if estimated_tokens > tenant.tokens_per_minute:
-                raise RateLimited(
-                    f"request needs ~{estimated_tokens} tokens, above the tenant's budget of "
-                    f"{tenant.tokens_per_minute} per minute: lower max_tokens or the prompt", reason="request_too_large",
-                )
-            if st.tokens < estimated_tokens:
-                wait = (estimated_tokens - st.tokens) / (tenant.tokens_per_minute / 60.0)
-                raise RateLimited(f"tenant {tenant.name!r} token budget exhausted; retry later", retry_after_s=wait,
-                                  reason="token_budget")
-            st.tokens -= estimated_tokens
-        st.in_flight += 1
-        self.in_flight += 1
+    async def admit(self, tenant: Tenant, estimated_tokens: int, fair: bool = True):
+        await self.quotas.take_tokens(tenant, estimated_tokens)
         try:
-            yield
+            await self.quotas.acquire_slot(tenant, self.tenant_wait_s)
+        except BaseException:
+            self.quotas.refund_tokens(tenant, estimated_tokens)
+            raise
+        try:
+            name, weight = (tenant.name, weight_of(tenant.priority)) if fair else (FIFO_WEIGHT_TENANT, 1.0)
+            entered = False
+            async with self.queue.slot(name, weight, estimated_tokens):
+                entered = True
+                yield
+        except BaseException:
+            if not entered:
+                self.quotas.refund_tokens(tenant, estimated_tokens)
+            raise
         finally:
-            st.in_flight -= 1
-            self.in_flight -= 1
+            self.quotas.release_slot(tenant)
+
+
+def build_admission(cfg: AppConfig, gateway_id: str, ledger_name: str | None) -> Admission:
+    """The admission of one gateway replica: leases from the ledger ``ledger_name`` (Ray actors
+    shared by the replicas of one app; None: a ledger in this process)."""
+    t = cfg.tenancy
+    ledger = (RayLedger(ledger_name, t.quota_shards, t.quota_lease_ttl_s, t.token_lease_fraction)
+              if ledger_name else LocalLedger())
+    quotas = TenantQuotas(ledger, gateway_id, t.quota_sync_interval_s, t.spare_idle_s, t.max_waiting_per_tenant)
+    queue = FairQueue(cfg.max_in_flight_per_gateway, t.max_waiting_per_gateway, t.dispatch_wait_s)
+    return Admission(quotas, queue, t.tenant_wait_s)

@@ -1,11 +1,13 @@
 """Gateway deployment: the OpenAI-compatible HTTP ingress with tenancy.
 
 Per request: authenticate the bearer key (401), resolve the adapter from the route or ``model``
-(404 unknown, 403 not this tenant's), admit against the tenant's limits (429), then dispatch to the
-engine deployment through its Serve handle and relay the answer (JSON or SSE). All errors leave
-through ``app.errors``. Each request is measured and logged by ``app.observability.gateway``
-(outcome, duration, queue time, admission rejections) under its request id, which the engine
-receives in ``RequestMeta``. The public port serves no metrics (see ``app.observability``).
+(404 when it is unknown or not this tenant's: the two answers are the same), admit against the
+tenant's limits (429), then dispatch to the engine deployment through its Serve handle, with the
+tenant's fair-share ticket, and relay the answer (JSON or SSE). All errors leave through
+``app.errors``; every answer names the gateway replica (``x-loraplex-gateway``). Each request is
+measured and logged by ``app.observability.gateway`` (outcome, duration, queue time, admission
+rejections) under its request id, which the engine receives in ``RequestMeta``. The public port
+serves no metrics (see ``app.observability``).
 """
 
 from __future__ import annotations
@@ -24,9 +26,8 @@ from adapters_registry.errors import RegistryError
 from app import request_ids
 from app.config import AppConfig
 from app.errors import (
+    AdapterNotVisible,
     BadRequest,
-    Forbidden,
-    NotFound,
     NotReady,
     Overloaded,
     RateLimited,
@@ -36,12 +37,13 @@ from app.errors import (
     with_request_id,
 )
 from app.gateway import admin_routes
-from app.gateway.admission import Admission
+from app.gateway.admission import build_admission
 from app.gateway.catalog import AdapterCatalog
 from app.gateway.request_context import RequestIdMiddleware
 from app.gateway.tenants import Tenant, TenantDirectory
 from app.observability.gateway import CLIENT_CLOSED, GatewayRecorder, GatewayRequest
 from app.request_meta import RequestMeta
+from app.vtc import weight_of
 
 api = FastAPI(title="loraplex", description="Multi-tenant LoRA serving for MoE LLMs")
 api.include_router(admin_routes.router)
@@ -50,6 +52,7 @@ install_handlers(api)
 READY_TIMEOUT_S = 30.0
 DEFAULT_MAX_TOKENS = 256
 REPLICA_HEADER = "x-loraplex-replica"  # which engine replica answered (operators, routing tests)
+GATEWAY_HEADER = "x-loraplex-gateway"  # which gateway replica answered
 # Helpers sit above the ingress class: @serve.ingress freezes the FastAPI app (and the globals its
 # routes see) when the class is decorated.
 
@@ -74,6 +77,17 @@ def _estimate_tokens(body: dict[str, Any]) -> int:
         return DEFAULT_MAX_TOKENS
 
 
+def _replica_identity() -> tuple[str, str | None]:
+    """``(this replica's id, its quota ledger's name)``; outside Serve: a pid and no shared ledger."""
+    try:
+        ctx = serve.get_replica_context()
+        return ctx.replica_id.unique_id, f"quotas-{ctx.app_name}"
+    except Exception:
+        import os
+
+        return f"pid-{os.getpid()}", None
+
+
 def _engine_response(out: dict[str, Any]) -> Response:
     """An engine result (see ``app.engine.server``'s protocol) as the HTTP response."""
     headers = {REPLICA_HEADER: out["replica"]}
@@ -94,7 +108,8 @@ class Gateway:
         self.tenants = TenantDirectory(self.cfg.resolved_tenants_file())
         self.store = open_store(self.cfg.resolved_store_uri(), self.cfg.s3_endpoint_url)
         self.catalog = AdapterCatalog(self.store)
-        self.admission = Admission(self.cfg.max_in_flight_per_gateway)
+        self.replica, ledger_name = _replica_identity()
+        self.admission = build_admission(self.cfg, self.replica, ledger_name)
         self.recorder = GatewayRecorder(self.cfg.observability)
         admin_routes.bind_gateway(self)
 
@@ -145,6 +160,11 @@ class Gateway:
 
     # ---- request path -------------------------------------------------------------------------
     async def _handle(self, request: Request, kind: str, route_adapter: str | None) -> Response:
+        response = await self._answer(request, kind, route_adapter)
+        response.headers[GATEWAY_HEADER] = self.replica
+        return response
+
+    async def _answer(self, request: Request, kind: str, route_adapter: str | None) -> Response:
         obs = self.recorder.request(kind, request_ids.current() or request_ids.new_id())
         status, reason = 500, None
         try:
@@ -159,17 +179,20 @@ class Gateway:
             body.pop("model", None)
             meta = RequestMeta(request_id=obs.request_id, tenant=tenant.name, adapter=adapter_id).model_dump()
             engine = self.engine.options(multiplexed_model_id=adapter_id if manifest else "")
+            estimate, fair = _estimate_tokens(body), self.tenants.fair_share
+            share = ({"tenant": tenant.name, "weight": weight_of(tenant.priority), "estimated_tokens": estimate}
+                     if fair else None)  # an app.engine.fair_share.TenantShare
             if body.get("stream"):
                 # The admission slot is held until the stream ends, not until the response starts.
                 obs.stream = True
                 admitted = AsyncExitStack()
-                await admitted.enter_async_context(self.admission.admit(tenant, _estimate_tokens(body)))
+                await admitted.enter_async_context(self.admission.admit(tenant, estimate, fair))
                 obs.dispatched()
-                response = await self._stream(engine, kind, body, manifest, meta, admitted, obs)
+                response = await self._stream(engine, kind, body, manifest, meta, admitted, obs, share)
             else:
-                async with self.admission.admit(tenant, _estimate_tokens(body)):
+                async with self.admission.admit(tenant, estimate, fair):
                     obs.dispatched()
-                    out = await engine.generate.remote(kind, body, manifest, meta)
+                    out = await engine.generate.remote(kind, body, manifest, meta, share)
                     obs.replica = out["replica"]
                     response = _engine_response(out)
             status = response.status_code
@@ -184,25 +207,26 @@ class Gateway:
                 obs.finish(status, reason)
 
     async def _authorize(self, tenant: Tenant, adapter_id: str) -> dict:
-        """Latest manifest (as a dict) if the tenant may call the adapter; 404 / 403 otherwise."""
+        """Latest manifest (as a dict) if the tenant may call the adapter; else ``AdapterNotVisible``
+        (404), the same for an adapter of another tenant as for one that does not exist."""
         try:
             manifest = await self.catalog.get(adapter_id)
         except RegistryError as exc:
             if exc.http_status == 404:
-                raise NotFound(f"adapter {adapter_id!r} does not exist; GET /v1/models lists what you may call") from exc
+                raise AdapterNotVisible(adapter_id) from None
             raise
         if not tenant.may_use(manifest.adapter_id, manifest.owner_tenant):
-            raise Forbidden(f"adapter {adapter_id!r} belongs to another tenant")
+            raise AdapterNotVisible(adapter_id)
         return manifest.model_dump(mode="json")
 
     async def _stream(
         self, engine: DeploymentHandle, kind: str, body: dict, manifest: dict | None, meta: dict,
-        admitted: AsyncExitStack, obs: GatewayRequest,
+        admitted: AsyncExitStack, obs: GatewayRequest, share: dict | None = None,
     ) -> Response:
         """Relays the engine's SSE stream; ``admitted`` (the admission slot) closes when it ends,
         and ``obs`` records the stream's outcome then."""
         try:
-            gen = engine.options(stream=True).generate_stream.remote(kind, body, manifest, meta)
+            gen = engine.options(stream=True).generate_stream.remote(kind, body, manifest, meta, share)
             head = await gen.__anext__()
         except BaseException:
             await admitted.aclose()

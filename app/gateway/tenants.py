@@ -39,7 +39,8 @@ class Tenant(BaseModel):
     key_sha256: list[str] = Field(default_factory=list, description="sha256 hex digests of the tenant's API keys.")
     adapters: list[str] = Field(default_factory=list, description="Adapters granted beyond those the tenant owns.")
     operator: bool = Field(False, description="May use the admin API and every adapter.")
-    priority: int = Field(1, ge=0, le=10, description="Fair-share weight under contention (higher first).")
+    priority: int = Field(1, ge=0, le=10, description="Fair-share weight under contention: a tenant's share of a saturated "
+                          "engine is proportional to it (0 counts as a quarter; see app.vtc).")
     max_concurrency: int = Field(16, ge=1, description="Requests in flight at once before 429.")
     tokens_per_minute: int | None = Field(None, ge=1, description="Token budget per minute (prompt + completion); None: unlimited.")
 
@@ -60,6 +61,8 @@ class TenantsFile(BaseModel):
     """The tenants YAML document."""
 
     tenants: list[Tenant] = Field(default_factory=list, description="All tenants.")
+    fair_share: bool = Field(True, description="Serve tenants in fair-share order (VTC) when the engines or a gateway "
+                             "are saturated; false: first come, first served. Applies without restart.")
 
     @classmethod
     def read(cls, path: Path) -> "TenantsFile":
@@ -92,6 +95,7 @@ class TenantDirectory:
         self.path = path
         self._mtime: float | None = None
         self._by_hash: dict[str, Tenant] = {}
+        self.fair_share = True
         self.reload_if_changed()
 
     def reload_if_changed(self) -> None:
@@ -107,6 +111,7 @@ class TenantDirectory:
             logger.error("tenants file %s not reloaded: %s", self.path, exc)
             return
         self._by_hash = {h: t for t in doc.tenants for h in t.key_sha256}
+        self.fair_share = doc.fair_share
         self._mtime = mtime
 
     def authenticate(self, authorization: str | None) -> Tenant:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import openai
 import pytest
@@ -128,14 +130,46 @@ def test_wrong_key_is_401(serve_stack):
     assert r.status_code == 401 and "Authorization" in r.json()["error"]["message"]
 
 
-def test_other_tenants_adapter_is_403(serve_stack):
-    with pytest.raises(openai.PermissionDeniedError) as e:
+ADAPTER_ROUTES = [  # (path, JSON body) of every route that names an adapter; {a} is its id
+    ("/v1/chat/completions", {"model": "{a}", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}),
+    ("/v1/completions", {"model": "{a}", "prompt": "x", "max_tokens": 2}),
+    ("/v1/completions", {"model": "{a}", "prompt": "x", "max_tokens": 2, "stream": True}),
+    ("/v1/adapters/{a}/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2}),
+    ("/v1/adapters/{a}/completions", {"prompt": "x", "max_tokens": 2}),
+    ("/v1/adapters/{a}/completions", {"prompt": "x", "max_tokens": 2, "stream": True}),
+]
+
+
+def _ask(stack, tenant: str, adapter_id: str, path: str, body: dict, request_id: str | None = None) -> httpx.Response:
+    filled = json.loads(json.dumps(body).replace("{a}", adapter_id))
+    headers = stack.headers(tenant) | ({"x-request-id": request_id} if request_id else {})
+    return httpx.post(stack.base_url + path.replace("{a}", adapter_id), headers=headers, json=filled, timeout=60)
+
+
+@pytest.mark.parametrize("path,body", ADAPTER_ROUTES)
+def test_another_tenants_adapter_answers_exactly_as_a_missing_one(serve_stack, path, body):
+    """globex asks for acme's adapter and for one that does not exist: same status, same
+    headers that say anything about the adapter, same body but for the id asked (OWASP API1:
+    an adapter's existence does not leak). acme itself is served on the same route."""
+    theirs = _ask(serve_stack, "globex", "acme-support", path, body, request_id="same-id")  # the body names it
+    missing = _ask(serve_stack, "globex", "no-such-adapter", path, body, request_id="same-id")
+    assert theirs.status_code == missing.status_code == 404
+    assert theirs.headers["content-type"] == missing.headers["content-type"]
+    assert "x-loraplex-replica" not in theirs.headers and "x-loraplex-replica" not in missing.headers
+    assert theirs.text == missing.text.replace("no-such-adapter", "acme-support")
+    assert "another tenant" not in theirs.text and "acme" not in theirs.text.replace("acme-support", "")
+    assert _ask(serve_stack, "acme", "acme-support", path, body).status_code == 200
+
+
+def test_the_sdk_sees_another_tenants_adapter_as_not_found(serve_stack):
+    with pytest.raises(openai.NotFoundError):
         client(serve_stack, "globex").chat.completions.create(
             model="acme-support", messages=[{"role": "user", "content": "x"}], max_tokens=2)
-    assert "another tenant" in str(e.value)
-    r = httpx.post(serve_stack.base_url + "/v1/adapters/acme-support/completions",
-                   headers=serve_stack.headers("globex"), json={"prompt": "x", "max_tokens": 2})
-    assert r.status_code == 403
+
+
+def test_the_operator_sees_every_adapter(serve_stack):
+    ids = {m.id for m in client(serve_stack, "operator").models.list()}
+    assert {"acme-support", "acme-experts", "globex-legal"} <= ids
 
 
 def test_unknown_adapter_is_404(serve_stack):
@@ -189,17 +223,23 @@ def completion_replica(stack, tenant: str, model: str, max_tokens: int = 1) -> s
 
 
 def test_adapter_affinity_keeps_an_adapter_on_the_replica_holding_it(serve_stack):
-    """Both replicas serve (concurrent base-model requests go to the least loaded replica, so
-    they reach both), yet 16 requests for one adapter stay on the replica that holds it; Serve's
-    default router would spread them (all on one replica by chance: p = 2^-15)."""
+    """Both replicas serve (base-model requests fill the oldest replica's batch of 16, then go to
+    the other: 32 at once reach both), yet 16 requests for one adapter stay on the replica that
+    holds it; Serve's default router would spread them (all on one replica by chance: p = 2^-15)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    with ThreadPoolExecutor(8) as pool:
+    with ThreadPoolExecutor(32) as pool:
         seen = set(pool.map(lambda _: completion_replica(serve_stack, "acme", "loraplex-base", 64),
-                            range(16)))
+                            range(32)))
     assert len(seen) == 2, f"expected both engine replicas to answer, saw {seen}"
     replicas = [completion_replica(serve_stack, "globex", "globex-legal") for _ in range(16)]
     assert len(set(replicas)) == 1, replicas
+
+
+def test_sequential_base_requests_are_packed_onto_one_replica(serve_stack):
+    """One request at a time always finds batch room on the oldest replica: the other stays idle
+    (so an autoscaler can remove it)."""
+    assert len({completion_replica(serve_stack, "acme", "loraplex-base") for _ in range(12)}) == 1
 
 
 def test_tenant_limits_hold_for_streams_and_new_keys_work_without_restart(serve_stack):

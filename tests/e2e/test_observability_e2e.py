@@ -151,7 +151,7 @@ def drive(serve_stack, embedded_model_dir, s3_server, tmp_path_factory) -> Drive
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda _: call(ta, "completion", {**_body("completion", BASE, 64), "ignore_eos": True}, 200, BASE),
                       range(8)))
-    call(tb, "chat", _body("chat", ids["a1"], 4), 403, "-", reaches_engine=False)  # another tenant's
+    call(tb, "chat", _body("chat", ids["a1"], 4), 404, "-", reaches_engine=False)  # another tenant's
     call(ta, "chat", _body("chat", f"obs-missing-{sfx}", 4), 404, "-", reaches_engine=False)
     call(ta, "chat", {**_body("chat", ids["a1"], 4), "messages": "not a list"}, 400, ids["a1"])  # vLLM refuses
     call(tb, "completion", _body("completion", ids["b1"], 5000), 429, ids["b1"], reaches_engine=False)  # > budget

@@ -83,7 +83,7 @@ def test_push_call_new_version_rm(serve_stack, embedded_model_dir, tmp_path):
     v2_expected = _expected(embedded_model_dir, v2_dir)
     assert v2_expected != v1_expected and _ids(r.json()) == v2_expected
 
-    assert _chat(serve_stack, "globex", aid).status_code == 403
+    assert _chat(serve_stack, "globex", aid).status_code == 404
     r = httpx.delete(f"{serve_stack.base_url}/admin/adapters/{aid}", headers=serve_stack.headers("operator"), timeout=60)
     assert r.json()["versions"] == [1, 2]
     r = _chat(serve_stack, "acme", aid)

@@ -100,6 +100,33 @@ def start_stack(home: Path, workdir: Path, args_update: dict | None = None, extr
     raise RuntimeError(f"stack not ready after {READY_TIMEOUT_S}s:\n{stack.log_tail()}")
 
 
+
+def wait_for_engine_replicas(stack: Stack, n: int, timeout_s: float = 600, concurrency: int = 8) -> set[str]:
+    """Until ``n`` engine replicas answer (``x-loraplex-replica`` of concurrent base-model
+    completions: the router fills the oldest replica's batch, then the next); the replicas seen.
+    ``/readyz`` is ready with one replica, and on a loaded host the others may take minutes."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    body = {"model": "loraplex-base", "prompt": "x", "max_tokens": 16, "ignore_eos": True}
+    headers = stack.headers("operator")
+
+    def one(_):
+        try:
+            r = httpx.post(stack.base_url + "/v1/completions", headers=headers, json=body, timeout=120)
+            return r.headers.get("x-loraplex-replica") if r.status_code == 200 else None
+        except httpx.HTTPError:
+            return None
+
+    seen: set[str] = set()
+    deadline = time.monotonic() + timeout_s
+    with ThreadPoolExecutor(concurrency) as pool:
+        while time.monotonic() < deadline:
+            seen |= {rid for rid in pool.map(one, range(concurrency)) if rid}
+            if len(seen) >= n:
+                return seen
+            time.sleep(2)
+    raise RuntimeError(f"{len(seen)} of {n} engine replicas answered within {timeout_s:g} s:\n{stack.log_tail()}")
+
 def stack_processes(home: Path) -> list[int]:
     """Pids of live processes started for the stack of ``home`` (they inherit its LORAPLEX_HOME):
     loraplex serve, serve run, Ray's GCS/raylet/workers, vLLM engine processes."""

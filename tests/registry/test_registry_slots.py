@@ -230,3 +230,17 @@ async def test_validated_again_before_load_against_this_engine(store, base, tmp_
     ok = AdapterSlots(engine, AdapterCache(tmp_path / "c3", 10**9), 2, base=base, max_lora_rank=64)
     async with ok.use(store, m) as req:
         assert req.lora_name == "ad0@v1"
+
+
+@asynctest
+async def test_the_router_sees_which_adapters_are_in_use_and_how_many_rows_it_could_take(store, base, tmp_path):
+    ms = publish_n(store, base, tmp_path, 3)
+    engine, cache, slots = make(tmp_path, 3)
+    assert slots.loadable_slots == 3 and slots.active() == []
+    async with slots.use(store, ms[0]):
+        async with slots.use(store, ms[1]):
+            assert slots.active() == ["ad0", "ad1"] and slots.loadable_slots == 1  # one row free
+        assert slots.active() == ["ad0"] and slots.loadable_slots == 2  # ad1's row idle: evictable
+    slots.pin  # operator pins count as in use for loading
+    await slots.pin(store, ms[2])
+    assert slots.loadable_slots == 2 and slots.active() == []

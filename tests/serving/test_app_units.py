@@ -54,7 +54,7 @@ def test_tenant_may_use():
 
 
 def test_admission_concurrency_and_token_budget():
-    adm = Admission()
+    adm = Admission.local()
     tenant = Tenant(name="acme", max_concurrency=1, tokens_per_minute=100)
 
     async def run():
@@ -79,7 +79,7 @@ def test_admission_concurrency_and_token_budget():
 def test_global_in_flight_bound_gives_503():
     from app.errors import Overloaded
 
-    adm = Admission(max_in_flight=1)
+    adm = Admission.local(max_in_flight=1)
 
     async def run():
         async with adm.admit(Tenant(name="a"), 1):
@@ -132,3 +132,12 @@ def test_engine_wraps_only_the_modules_the_registry_serves_lora_for():
     off = engine_kwargs(EngineConfig(moe_lora_plugin=False))["lora_target_modules"]
     assert off == list(NON_EXPERT_LORA_TARGETS)
     assert engine_kwargs(EngineConfig(lora_target_modules=["q_proj"]))["lora_target_modules"] == ["q_proj"]
+
+
+def test_a_stopping_engine_replica_waits_for_its_streams():
+    from app.main import ENGINE_SHUTDOWN_GRACE_S, build_app
+
+    engine = build_app({})._bound_deployment.init_args[0]._bound_deployment
+    assert engine._deployment_config.graceful_shutdown_timeout_s == ENGINE_SHUTDOWN_GRACE_S
+    engine = build_app({"engine_deployment": {"graceful_shutdown_timeout_s": 5}})._bound_deployment.init_args[0]
+    assert engine._bound_deployment._deployment_config.graceful_shutdown_timeout_s == 5

@@ -1,0 +1,1 @@
+"""A discrete-event model of loraplex serving many tenants (``benchmarks.packing``)."""

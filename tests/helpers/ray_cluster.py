@@ -1,0 +1,35 @@
+"""A private local Ray cluster for tests that need real Ray actors (not a Serve stack)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+
+from tests.helpers.paths import REPO
+
+
+@contextmanager
+def local_ray(num_cpus: int = 1):
+    """``ray.init`` of a fresh one-node cluster in its own temp dir (loopback, no dashboard), its
+    workers importing this checkout; shut down and removed on exit."""
+    import ray
+
+    tmp = tempfile.mkdtemp(prefix="lpx-ray-", dir="/tmp")  # short: Ray's socket paths stay < 108 bytes
+    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_USAGE_STATS_ENABLED")}
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), saved["PYTHONPATH"]) if p)
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    try:
+        ray.init(num_cpus=num_cpus, include_dashboard=False, _temp_dir=tmp, namespace="tests",
+                 configure_logging=False)
+        yield ray
+    finally:
+        ray.shutdown()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,128 @@
+"""Cluster-wide quotas: the ledger's book, and gateway replicas' leases of it (two replicas
+sharing one ledger in this process; ``test_quota_ledger_ray`` runs it in Ray actors)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from app.errors import RateLimited
+from app.gateway.quota_book import Holding, LeaseRequest, Limits, QuotaBook
+from app.gateway.quota_ledger import LocalLedger
+from app.gateway.quotas import TenantQuotas
+from app.gateway.tenants import Tenant
+from tests.helpers.aio import asynctest
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def ask(gw: str, slots: int = 0, tokens: int = 0, cap: int = 2, tpm: int | None = 600) -> LeaseRequest:
+    return LeaseRequest(gateway=gw, tenant="acme", limits=Limits(max_concurrency=cap, tokens_per_minute=tpm),
+                        slots=slots, tokens=tokens)
+
+
+def test_slots_leased_over_gateways_never_exceed_the_cap_and_a_dead_gateways_come_back():
+    clock = Clock()
+    book = QuotaBook(lease_ttl_s=10, clock=clock)
+    assert book.acquire(ask("g1", slots=1)).slots == 1
+    assert book.acquire(ask("g2", slots=1)).slots == 1
+    assert book.acquire(ask("g2", slots=1)).slots == 0  # cap 2 reached
+    clock.t += 5
+    book.sync("g2", [Holding(tenant="acme", limits=ask("g2").limits, held_slots=1)])
+    clock.t += 6  # g1 silent for 11 s: presumed dead
+    assert book.acquire(ask("g2", slots=1)).slots == 1
+    assert book.snapshot()["acme"]["held"] == {"g2": 2}
+
+
+def test_tokens_are_leased_from_one_bucket():
+    clock = Clock()
+    book = QuotaBook(token_lease_fraction=0.1, clock=clock)
+    first = book.acquire(ask("g1", tokens=10))
+    assert first.tokens == 60  # a lease: a tenth of the per-minute budget
+    assert book.acquire(ask("g2", tokens=500)).tokens == 500  # what it asked (more than a lease)
+    refused = book.acquire(ask("g1", tokens=100))  # 40 left
+    assert refused.tokens == 0 and refused.retry_after_s == pytest.approx(6.0)  # 60 more at 10/s
+    clock.t += 10
+    assert book.acquire(ask("g1", tokens=100)).tokens == 100
+    book.sync("g1", [Holding(tenant="acme", limits=ask("g1").limits, held_slots=0, release_tokens=50)])
+    assert book.snapshot()["acme"]["tokens_left"] == 90
+
+
+def test_a_restarted_ledger_relearns_the_slots_in_use_from_the_syncs():
+    book = QuotaBook()
+    book.acquire(ask("g1", slots=2))
+    fresh = QuotaBook()  # state lost
+    fresh.sync("g1", [Holding(tenant="acme", limits=ask("g1").limits, held_slots=2)])
+    assert fresh.acquire(ask("g2", slots=1)).slots == 0
+
+
+def test_a_refusal_recalls_the_other_gateways_unused_leases():
+    book = QuotaBook()
+    book.acquire(ask("g1", slots=2))
+    assert book.sync("g1", [Holding(tenant="acme", limits=ask("g1").limits, held_slots=2)]).recall == []
+    assert book.acquire(ask("g2", slots=1)).slots == 0
+    assert book.sync("g1", [Holding(tenant="acme", limits=ask("g1").limits, held_slots=2)]).recall == ["acme"]
+    book.sync("g1", [Holding(tenant="acme", limits=ask("g1").limits, held_slots=1, release_slots=1)])
+    assert book.acquire(ask("g2", slots=1)).slots == 1
+
+
+def two_gateways(**kw) -> tuple[TenantQuotas, TenantQuotas]:
+    ledger = LocalLedger(QuotaBook(token_lease_fraction=1 / 32))
+    return (TenantQuotas(ledger, "g1", sync_interval_s=0.02, **kw),
+            TenantQuotas(ledger, "g2", sync_interval_s=0.02, **kw))
+
+
+@asynctest
+async def test_a_budget_holds_across_two_gateways():
+    g1, g2 = two_gateways()
+    tenant = Tenant(name="acme", tokens_per_minute=6000)
+    admitted = 0
+    for i in range(400):
+        try:
+            await (g1 if i % 2 else g2).take_tokens(tenant, 50)
+            admitted += 50
+        except RateLimited as exc:
+            assert exc.retry_after_s > 0
+    # the bucket's 6000 plus what it refilled while the loop ran (100 tokens/s), nothing more
+    assert 6000 * 0.9 <= admitted <= 6000 + 100, admitted
+
+
+@asynctest
+async def test_a_concurrency_cap_holds_across_two_gateways_and_a_waiter_gets_a_slot_freed_on_the_other():
+    g1, g2 = two_gateways(spare_idle_s=30)
+    tenant = Tenant(name="acme", max_concurrency=2)
+    await g1.acquire_slot(tenant, 0)
+    await g2.acquire_slot(tenant, 0)
+    with pytest.raises(RateLimited, match="in flight"):
+        await g1.acquire_slot(tenant, 0)
+    waiter = asyncio.create_task(g1.acquire_slot(tenant, wait_s=3))
+    await asyncio.sleep(0.1)
+    assert not waiter.done()
+    g2.release_slot(tenant)  # kept by g2 as a spare until the ledger recalls it for g1
+    await asyncio.wait_for(waiter, 2)
+    assert g1.held("acme")["in_use"] == 2 and g2.held("acme")["held"] == 0
+
+
+@asynctest
+async def test_steady_traffic_makes_no_ledger_call_per_request():
+    class CountingLedger(LocalLedger):
+        acquires = 0
+
+        async def acquire(self, req):
+            CountingLedger.acquires += 1
+            return await super().acquire(req)
+
+    quotas = TenantQuotas(CountingLedger(), "g1", sync_interval_s=0.05)
+    tenant = Tenant(name="acme", max_concurrency=4, tokens_per_minute=64_000)
+    for _ in range(200):
+        await quotas.take_tokens(tenant, 20)
+        await quotas.acquire_slot(tenant, 0)
+        quotas.release_slot(tenant)
+    assert CountingLedger.acquires <= 3  # one slot lease, token leases of 2000 (1/32 of the budget)
