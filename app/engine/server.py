@@ -24,7 +24,7 @@ from ray import serve
 
 from adapters_registry.manifest import AdapterManifest
 from app.config import AppConfig
-from app.errors import NotReady, describe, error_body
+from app.errors import EngineUnavailable, NotReady, describe, error_body
 
 logger = logging.getLogger(__name__)
 Kind = Literal["chat", "completion"]
@@ -69,6 +69,7 @@ class EngineServer:
         self.serving = await vllm_serving.start_engine(ecfg)
         self.chat_request_cls, self.completion_request_cls, self.error_cls = vllm_serving.request_types()
         self._error_from_exception = vllm_serving.error_from_exception
+        self._vllm = vllm_serving
         self.store = open_store(self.cfg.resolved_store_uri(), self.cfg.s3_endpoint_url)
         self.cache = AdapterCache(self.cfg.resolved_cache_dir() / _cache_name(), self.cfg.cache_max_bytes)
         self.lora_ops = vllm_serving.ServingLoraOps(self.serving)
@@ -100,8 +101,10 @@ class EngineServer:
         return True
 
     def record_routing_stats(self) -> dict[str, Any]:
-        """Serve calls this periodically; ``app.routing.router`` ranks replicas by it."""
-        return {"resident": self.slots.resident(), "free_slots": self.slots.free_slots}
+        """Serve calls this periodically; ``app.routing.router`` ranks replicas by it (a replica
+        whose engine died gets no requests while Serve's health checks replace it)."""
+        return {"resident": self.slots.resident(), "free_slots": self.slots.free_slots,
+                "engine_alive": not self._vllm.engine_dead(self.serving)}
 
     async def residency(self) -> dict[str, Any]:
         """The slot table (LRU order), the adapters the vLLM engine has registered (its
@@ -112,6 +115,7 @@ class EngineServer:
             "free_slots": self.slots.free_slots,
             "slots": self.slots.snapshot(),
             "engine_lora_ids": sorted(await self.lora_ops.list_loras()),
+            "engine_requests": self._vllm.unfinished_requests(self.serving),
             "cache": {"used_bytes": self.cache.used_bytes, "entries": self.cache.snapshot()},
         }
 
@@ -153,6 +157,8 @@ class EngineServer:
         invalid bodies are 400, everything else goes through vLLM's own mapping."""
         from pydantic import ValidationError
 
+        if self._vllm.engine_dead(self.serving):
+            exc = self._engine_unavailable()
         if hasattr(exc, "http_status"):
             status, body, retry = describe(exc)
             return {"status": status, "body": body, "retry_after_s": retry}
@@ -165,14 +171,26 @@ class EngineServer:
         """Non-streaming completion/chat; ``manifest`` is an ``AdapterManifest`` dump or None."""
         return {**await self._generate(kind, body, manifest), "replica": self.replica}
 
+    def _engine_unavailable(self) -> EngineUnavailable:
+        return EngineUnavailable(f"the engine of replica {self.replica} died; the replica is being replaced, retry",
+                                 retry_after_s=1.0)
+
+    def _failed(self, result) -> dict[str, Any]:
+        """A vLLM ``ErrorResponse`` as the protocol's error item (503 once the engine died)."""
+        if self._vllm.engine_dead(self.serving):
+            return self._error(self._engine_unavailable())
+        return {"status": int(result.error.code), "body": result.model_dump()}
+
     async def _generate(self, kind: Kind, body: dict[str, Any], manifest: dict | None) -> dict[str, Any]:
         try:
+            if self._vllm.engine_dead(self.serving):
+                raise self._engine_unavailable()
             async with self._adapter(_manifest(manifest)) as model_name:
                 request, handler = self._parse(kind, body, model_name)
                 request.stream = False
                 result = await handler(request, None)
                 if isinstance(result, self.error_cls):
-                    return {"status": int(result.error.code), "body": result.model_dump()}
+                    return self._failed(result)
                 return {"status": 200, "body": result.model_dump(mode="json", exclude_none=True)}
         except Exception as exc:  # mapped to an HTTP error, the replica keeps serving
             logger.info("request failed: %r", exc)
@@ -185,11 +203,13 @@ class EngineServer:
 
     async def _generate_stream(self, kind: Kind, body: dict[str, Any], manifest: dict | None) -> AsyncIterator[Any]:
         try:
+            if self._vllm.engine_dead(self.serving):
+                raise self._engine_unavailable()
             async with self._adapter(_manifest(manifest)) as model_name:
                 request, handler = self._parse(kind, body, model_name)
                 result = await handler(request, None)
                 if isinstance(result, self.error_cls):
-                    yield {"status": int(result.error.code), "body": result.model_dump()}
+                    yield self._failed(result)
                     return
                 yield {"status": 200, "body": None}
                 async for chunk in result:

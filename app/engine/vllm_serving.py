@@ -124,6 +124,16 @@ async def start_engine(cfg: EngineConfig) -> OpenAIServing:
     return OpenAIServing(engine, state.openai_serving_chat, state.openai_serving_completion, state.openai_serving_models)
 
 
+def engine_dead(serving: OpenAIServing) -> bool:
+    """Whether the engine died (its engine-core process is gone): it never recovers."""
+    return bool(serving.engine.errored)
+
+
+def unfinished_requests(serving: OpenAIServing) -> int:
+    """Requests the engine holds that have not finished (running or waiting)."""
+    return serving.engine.output_processor.get_num_unfinished_requests()
+
+
 def request_types() -> tuple[type, type, type]:
     """``(ChatCompletionRequest, CompletionRequest, ErrorResponse)`` of the installed vLLM."""
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest

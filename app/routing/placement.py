@@ -11,6 +11,9 @@ Pure and Ray-free (the Serve router in ``app.routing.router`` feeds it). Ranks, 
    least recently used unpinned adapter).
 4. Full replicas last (Serve then backs off and retries).
 
+Replicas whose engine died are left out while any other replica is alive (Serve's health checks
+replace them); when none is alive, they are ranked as usual and answer 503.
+
 Load = ongoing requests / max_ongoing_requests (unknown queue length counts as idle).
 """
 
@@ -31,6 +34,7 @@ class ReplicaView:
     free_slots: int = 0
     ongoing: int = 0
     max_ongoing: int = 1
+    alive: bool = True
 
     @property
     def load(self) -> float:
@@ -50,6 +54,7 @@ def rank_replicas(
     """Replica ids in preference ranks (each at most ``per_rank`` long); see the module doc."""
     if not replicas:
         return []
+    replicas = [r for r in replicas if r.alive] or replicas
     open_ = [r for r in replicas if r.has_headroom]
     full = sorted((r for r in replicas if not r.has_headroom), key=lambda r: r.load)
     if not adapter_id:  # base model: least loaded first

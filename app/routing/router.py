@@ -1,7 +1,7 @@
 """Adapter-affinity request router for the engine deployment (a Ray Serve custom RequestRouter).
 
 The gateway sets the request's ``multiplexed_model_id`` to the adapter id; engine replicas report
-their residency through ``record_routing_stats`` (``resident``, ``free_slots``). Ranking is
+their residency through ``record_routing_stats`` (``resident``, ``free_slots``, ``engine_alive``). Ranking is
 ``app.routing.placement.rank_replicas``. Serve's default multiplexing router waits up to a second for a
 replica that holds a cold model; this one never waits: a request goes where loading is cheapest.
 
@@ -46,6 +46,7 @@ class AdapterAffinityRouter(FIFOMixin, RequestRouter):
             free_slots=int(stats.get("free_slots", 1)),
             ongoing=ongoing,
             max_ongoing=r.max_ongoing_requests,
+            alive=bool(stats.get("engine_alive", True)),
         )
 
     async def choose_replicas(

@@ -46,3 +46,11 @@ def test_every_replica_is_ranked_exactly_once_for_adapters():
 
 def test_no_replicas():
     assert rank_replicas("a", []) == []
+
+
+def test_replica_with_a_dead_engine_gets_nothing_while_another_is_alive():
+    dead = ReplicaView("dead", frozenset(["a"]), 3, 0, 10, alive=False)
+    for adapter in ("a", "cold", None):
+        ranks = rank_replicas(adapter, [dead, view("r2", ongoing=9)])
+        assert [r for rank in ranks for r in rank] == ["r2"], adapter
+    assert rank_replicas("a", [dead]) == [["dead"]]  # none alive: it answers 503 itself
