@@ -30,9 +30,15 @@ from app.errors import (
     error_response,
     json_error,
 )
-from app.gateway import admin_routes
+from app.gateway import admin_routes, request_limits
 from app.gateway.admission import Admission
 from app.gateway.catalog import AdapterCatalog
+from app.gateway.openai_bodies import (
+    ChatCompletionBody,
+    CompletionBody,
+    GatewayFields,
+    openapi_body,
+)
 from app.gateway.tenants import Tenant, TenantDirectory
 
 api = FastAPI(title="loraplex", description="Multi-tenant LoRA serving for MoE LLMs")
@@ -44,24 +50,12 @@ REPLICA_HEADER = "x-loraplex-replica"  # which engine replica answered (operator
 # routes see) when the class is decorated.
 
 
-async def _json_body(request: Request) -> dict[str, Any]:
-    try:
-        body = await request.json()
-    except Exception as exc:
-        raise BadRequest(f"request body is not valid JSON: {exc}") from exc
-    if not isinstance(body, dict):
-        raise BadRequest("request body must be a JSON object")
-    return body
-
-
-def _estimate_tokens(body: dict[str, Any]) -> int:
-    """Rough upper estimate for budgets: ~4 characters a token for the prompt, plus max_tokens."""
+def _estimate_tokens(body: dict[str, Any], fields: GatewayFields) -> int:
+    """Rough upper estimate for budgets: ~4 characters a token for the prompt, plus max_tokens
+    for each of the ``n`` completions."""
     prompt = body.get("messages") if "messages" in body else body.get("prompt")
-    max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or DEFAULT_MAX_TOKENS
-    try:
-        return len(json.dumps(prompt)) // 4 + int(max_tokens)
-    except (TypeError, ValueError):
-        return DEFAULT_MAX_TOKENS
+    max_tokens = fields.max_completion_tokens or fields.max_tokens or DEFAULT_MAX_TOKENS
+    return len(json.dumps(prompt)) // 4 + max(1, fields.n or 1) * max(0, max_tokens)
 
 
 def _engine_response(out: dict[str, Any]) -> Response:
@@ -88,19 +82,19 @@ class Gateway:
         admin_routes.bind_gateway(self)
 
     # ---- routes -------------------------------------------------------------------------------
-    @api.post("/v1/chat/completions")
+    @api.post("/v1/chat/completions", openapi_extra=openapi_body(ChatCompletionBody))
     async def chat(self, request: Request) -> Response:
         return await self._handle(request, "chat", None)
 
-    @api.post("/v1/completions")
+    @api.post("/v1/completions", openapi_extra=openapi_body(CompletionBody))
     async def completions(self, request: Request) -> Response:
         return await self._handle(request, "completion", None)
 
-    @api.post("/v1/adapters/{adapter_id}/chat/completions")
+    @api.post("/v1/adapters/{adapter_id}/chat/completions", openapi_extra=openapi_body(ChatCompletionBody))
     async def adapter_chat(self, adapter_id: str, request: Request) -> Response:
         return await self._handle(request, "chat", adapter_id)
 
-    @api.post("/v1/adapters/{adapter_id}/completions")
+    @api.post("/v1/adapters/{adapter_id}/completions", openapi_extra=openapi_body(CompletionBody))
     async def adapter_completions(self, adapter_id: str, request: Request) -> Response:
         return await self._handle(request, "completion", adapter_id)
 
@@ -142,23 +136,25 @@ class Gateway:
         started = time.monotonic()
         tenant_name, adapter_label, status = "-", route_adapter or "-", 500
         try:
+            request_limits.check_headers(request, self.cfg.max_header_bytes)
             tenant = self.tenants.authenticate(request.headers.get("authorization"))
             tenant_name = tenant.name
-            body = await _json_body(request)
-            adapter_id = route_adapter or body.get("model")
+            body = await request_limits.json_object(request, self.cfg.max_request_bytes)
+            fields = GatewayFields.of(body)
+            adapter_id = route_adapter or fields.model
             if not adapter_id:
                 raise BadRequest(f"missing 'model': use '{self.base_name}' or an adapter id")
             manifest = None if adapter_id == self.base_name else await self._authorize(tenant, adapter_id)
             adapter_label = adapter_id
             body.pop("model", None)
             engine = self.engine.options(multiplexed_model_id=adapter_id if manifest else "")
-            if body.get("stream"):
+            if fields.stream:
                 # The admission slot is held until the stream ends, not until the response starts.
                 admitted = AsyncExitStack()
-                await admitted.enter_async_context(self.admission.admit(tenant, _estimate_tokens(body)))
+                await admitted.enter_async_context(self.admission.admit(tenant, _estimate_tokens(body, fields)))
                 response = await self._stream(engine, kind, body, manifest, admitted)
             else:
-                async with self.admission.admit(tenant, _estimate_tokens(body)):
+                async with self.admission.admit(tenant, _estimate_tokens(body, fields)):
                     response = _engine_response(await engine.generate.remote(kind, body, manifest))
             status = response.status_code
             return response
