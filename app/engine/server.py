@@ -108,13 +108,16 @@ class EngineServer:
 
     async def residency(self) -> dict[str, Any]:
         """The slot table (LRU order), the adapters the vLLM engine has registered (its
-        ``lora_int_id``s: always those of the table) and the disk cache of this replica."""
+        ``lora_int_id``s: always those of the table; None once the engine died), the requests
+        it holds, and the disk cache of this replica."""
+        alive = not self._vllm.engine_dead(self.serving)
         return {
             "replica": self.replica,
             "capacity": self.slots.capacity,
             "free_slots": self.slots.free_slots,
             "slots": self.slots.snapshot(),
-            "engine_lora_ids": sorted(await self.lora_ops.list_loras()),
+            "engine_alive": alive,
+            "engine_lora_ids": sorted(await self.lora_ops.list_loras()) if alive else None,
             "engine_requests": self._vllm.unfinished_requests(self.serving),
             "cache": {"used_bytes": self.cache.used_bytes, "entries": self.cache.snapshot()},
         }

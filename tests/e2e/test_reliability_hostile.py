@@ -1,0 +1,228 @@
+"""Hostile clients against the session stack: malformed and oversized requests, invalid sampling
+values, unicode edge cases, clients that vanish mid-stream, one tenant opening many connections.
+Every refusal is a 4xx with a JSON body that says what to fix; nothing is a 5xx; afterwards the
+invariants hold (``tests.helpers.invariants``)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.e2e
+BASE = "loraplex-base"
+HOSTILE = [  # (route, raw body, expected status, words the error message must contain)
+    ("completions", b'{"model":"loraplex-base","prompt":"x","max_tokens":Infinity}', 400, ["Infinity"]),
+    ("completions", b'{"model":"loraplex-base","prompt":"x","max_tokens":2,"temperature":NaN}', 400, ["NaN"]),
+    ("completions", b'{"model":{"a":1},"prompt":"x","max_tokens":2}', 400, ["model"]),
+    ("completions", b'{"model":["acme-support"],"prompt":"x"}', 400, ["model"]),
+    ("completions", b'{"model":5,"prompt":"x","max_tokens":2}', 400, ["model"]),
+    ("completions", b'{"model":"../../etc/passwd","prompt":"x"}', 422, ["invalid adapter id"]),
+    ("completions", '{"model":"\u00e9t\u00e9","prompt":"x"}'.encode(), 422, ["invalid adapter id"]),
+    ("completions", b'{"model":"loraplex-base","prompt":"\\ud800 hi","max_tokens":2}', 400, ["surrogate", "prompt"]),
+    ("chat/completions", b'{"model":"acme-support","messages":[{"role":"user","content":"\\udfff"}]}', 400,
+     ["surrogate", "messages[0].content"]),
+    ("completions", b'{"model":"loraplex-base","prompt":"x","max_tokens":100000000}', 400, ["max_tokens"]),
+    ("completions", b'{"model":"loraplex-base","prompt":"x","max_tokens":-1}', 400, ["max_tokens"]),
+    ("completions", b'{"model":"loraplex-base","prompt":"x","max_tokens":1e300}', 400, ["max_tokens"]),
+    ("completions", b'{"model":"loraplex-base","prompt":"x","max_tokens":2,"temperature":-1}', 400, ["temperature"]),
+    ("completions", b'{"model":"loraplex-base","prompt":"x","max_tokens":2,"top_p":5}', 400, ["top_p"]),
+    ("completions", b'{"model":"loraplex-base","prompt":"x","max_tokens":2,"top_k":-7}', 400, ["top_k"]),
+    ("completions", b'{"model":"loraplex-base","prompt":"x","max_tokens":2,"logprobs":1000}', 400, ["logprobs"]),
+    ("completions", b'{"model":"loraplex-base","prompt":[99999999],"max_tokens":2}', 400, ["vocabulary"]),
+    ("completions", b'{"model":"loraplex-base","prompt":[-5],"max_tokens":2}', 400, ["prompt"]),
+    ("completions", b'{"model":"loraplex-base","prompt":"x","max_tokens":2,"logit_bias":{"999999":100}}', 400, ["logit_bias"]),
+    ("completions", b'{"model":"loraplex-base","prompt":"x","max_tokens":2,"seed":99999999999999999999999}', 400, ["seed"]),
+    ("completions", b'{"model":"loraplex-base","prompt":"x","max_tokens":2,"stream":"perhaps"}', 400, ["stream"]),
+    ("completions", b'{"model":"loraplex-base","prompt":"x","max_tokens":2,"structured_outputs":{"regex":"(("}}', 400, ["regex"]),
+    ("completions", ('{"model":"loraplex-base","prompt":"' + "hello " * 5000 + '","max_tokens":2}').encode(), 400,
+     ["maximum context length"]),
+    ("completions", ('{"model":"loraplex-base","prompt":"x","max_tokens":2,"stop":[' + ",".join(['"ab"'] * 5000) + "]}").encode(), 400,
+     ["stop"]),
+    ("chat/completions", b'{"model":"loraplex-base","messages":[],"max_tokens":2}', 400, ["empty conversation"]),
+    ("chat/completions", b'{"model":"loraplex-base","messages":"hi"}', 400, ["messages"]),
+    ("chat/completions", b'{"model":"loraplex-base","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]}', 400,
+     ["tools"]),
+    ("completions", b'[1,2]', 400, ["JSON object"]),
+    ("completions", b'{"model":"loraplex-base"', 400, ["not valid JSON"]),
+    ("completions", b'', 400, ["not valid JSON"]),
+    ("completions", b'{"model":"loraplex-base","prompt":"\xff\xfe"}', 400, ["not valid JSON"]),
+    ("completions", b'{"a":' + b"[" * 100000 + b"]" * 100000 + b"}", 400, ["not valid JSON"]),
+    ("completions", b'{"model":"loraplex-base","prompt":"x","max_tokens":2}', 200, []),  # the control
+]
+ODD_BUT_VALID = [  # served: unicode edge cases that are valid text
+    {"prompt": "a\u0000b"}, {"prompt": "\u202eevil\u202c"}, {"prompt": "e\u0301\u0301\u0301"},
+    {"prompt": "\U0001f600\U0001f9ea" * 50}, {"prompt": "\ufeffbom"}, {"prompt": "\u0000" * 200},
+    {"prompt": "x", "stop": ["\U0001f600"]}, {"prompt": "\u4e2d\u6587 \u0440\u0443\u0441"},
+]
+
+
+def _post(stack, route: str, content: bytes, headers: dict | None = None, timeout: float = 120) -> httpx.Response:
+    return httpx.post(f"{stack.base_url}/v1/{route}", content=content, timeout=timeout,
+                      headers={**stack.headers("acme"), "content-type": "application/json", **(headers or {})})
+
+
+def assert_json_error(r: httpx.Response, status: int, words=()) -> None:
+    assert r.status_code == status, (r.status_code, r.text[:500])
+    err = r.json()["error"]
+    assert err["code"] == status and err["message"], err
+    for word in words:
+        assert word in err["message"], (word, err["message"])
+
+
+@pytest.mark.parametrize("route,content,status,words", HOSTILE, ids=[f"{i}" for i in range(len(HOSTILE))])
+def test_hostile_bodies_get_a_json_error_that_says_what_to_fix(serve_stack, route, content, status, words):
+    r = _post(serve_stack, route, content)
+    if status == 200:
+        assert r.status_code == 200 and r.json()["choices"], r.text
+    else:
+        assert_json_error(r, status, words)
+
+
+def test_unicode_edge_cases_are_served(serve_stack):
+    for extra in ODD_BUT_VALID:
+        r = _post(serve_stack, "completions", json.dumps({"model": "acme-support", "max_tokens": 4, **extra}).encode())
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1, (extra, r.text[:300])
+
+
+def test_huge_headers_and_bodies_are_refused_before_any_work(serve_stack):
+    small = b'{"model":"loraplex-base","prompt":"x","max_tokens":2}'
+    assert_json_error(_post(serve_stack, "completions", small, {"x-junk": "a" * (1 << 20)}), 431, ["headers"])
+    many = {f"x-h{i}": "v" * 100 for i in range(1000)}
+    assert_json_error(_post(serve_stack, "completions", small, many), 431, ["headers"])
+    huge = b'{"model":"loraplex-base","max_tokens":2,"prompt":"' + b"a" * (64 << 20) + b'"}'
+    t0 = time.monotonic()
+    assert_json_error(_post(serve_stack, "completions", huge), 413, ["body", "limit"])
+    assert time.monotonic() - t0 < 60
+    assert _post(serve_stack, "completions", small).status_code == 200  # and the gateway still serves
+
+
+def _add_key(stack, name: str, **fields) -> dict[str, str]:
+    from app.gateway.tenants import TenantsFile
+
+    path = stack.home / "tenants.yaml"
+    doc = TenantsFile.read(path)
+    key = doc.add_key(name, **fields)
+    doc.write(path)
+    return {"Authorization": f"Bearer {key}"}
+
+
+class _Reader(threading.Thread):
+    """Reads an SSE completion stream to its end, counting data events."""
+
+    def __init__(self, stack, headers, body):
+        super().__init__(daemon=True)
+        self.stack, self.headers, self.body = stack, headers, body
+        self.events, self.replica = 0, None
+        self.started, self.done = threading.Event(), threading.Event()
+
+    def run(self):
+        with httpx.stream("POST", self.stack.base_url + "/v1/completions", headers=self.headers, json=self.body,
+                          timeout=300) as s:
+            self.replica = s.headers.get("x-loraplex-replica")
+            for line in s.iter_lines():
+                if line.startswith("data: {"):
+                    self.events += 1
+                    self.started.set()
+        self.done.set()
+
+
+def _raw_request(stack, headers: dict, body: dict) -> socket.socket:
+    """A POST on a plain socket, so the test decides when the client vanishes."""
+    data = json.dumps(body).encode()
+    head = "".join(f"{k}: {v}\r\n" for k, v in {**headers, "Content-Type": "application/json",
+                                                  "Content-Length": len(data), "Connection": "close"}.items())
+    port = int(stack.base_url.rsplit(":", 1)[1])
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n{head}\r\n".encode() + data)
+    return sock
+
+
+def _row(probe, adapter_id: str, replica: str | None = None) -> tuple[dict, dict] | None:
+    for view in probe.replicas():
+        for row in view.get("slots", []):
+            if row["adapter_id"] == adapter_id and row["active_requests"] and replica in (None, view["replica"]):
+                return view, row
+    return None
+
+
+def _wait(condition, timeout_s: float = 120, what: str = ""):
+    deadline = time.monotonic() + timeout_s
+    while not (found := condition()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+    return found
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "non-streamed"])
+def test_client_gone_aborts_the_request_and_unpins_the_adapter(serve_stack, replica_probe, stack_invariants, stream):
+    """A request for an adapter (1000 tokens) and a shorter stream for it (600 tokens) share a
+    replica (affinity); the first one's client vanishes. Its pin must be released while the
+    shorter one is far from done: had the engine kept generating it, it would hold the pin past
+    the shorter one's end."""
+    adapter, tenant = ("acme-support", "acme") if stream else ("globex-legal", "globex")
+    headers = _add_key(serve_stack, f"rel-gone-{adapter}", max_concurrency=2)
+    body = {"model": adapter, "prompt": "x", "max_tokens": 1000, "ignore_eos": True, "stream": stream}
+    leaver = _raw_request(serve_stack, headers, body)
+    try:
+        view, _ = _wait(lambda: _row(replica_probe, adapter), what="the first request on a replica")
+        replica = view["replica"]
+        keeper = _Reader(serve_stack, headers, {**body, "max_tokens": 600, "stream": True})
+        keeper.start()
+        assert keeper.started.wait(120)
+        assert keeper.replica == replica and _row(replica_probe, adapter, replica)[1]["active_requests"] == 2
+        if stream:
+            assert leaver.recv(4096)  # the stream is flowing
+    finally:
+        leaver.close()
+    view, row = _wait(lambda: (f := _row(replica_probe, adapter, replica)) and f[1]["active_requests"] < 2 and f,
+                      what="the vanished client's request to be released")
+    seen_by_keeper = keeper.events
+    assert row["active_requests"] == 1 and view["engine_requests"] == 1, view
+    assert not keeper.done.is_set() and seen_by_keeper < 550, seen_by_keeper
+    keeper.join(300)
+    assert keeper.done.is_set() and keeper.events >= 600
+    # the gateway's admission slots came back too: the key's limit admits two at once again
+    short = {"model": adapter, "prompt": "x", "max_tokens": 2}
+    with ThreadPoolExecutor(2) as pool:
+        statuses = list(pool.map(lambda _: httpx.post(serve_stack.base_url + "/v1/completions", headers=headers,
+                                                        json=short, timeout=120).status_code, range(2)))
+    assert statuses == [200, 200]
+    assert stack_invariants() == []
+
+
+def test_many_connections_from_one_tenant_only_get_deliberate_refusals(serve_stack, stack_invariants):
+    headers = _add_key(serve_stack, "rel-flood", max_concurrency=4)
+
+    def one(i: int) -> tuple[int, dict | None, int]:
+        body = {"model": "acme-support", "prompt": f"flood {i}", "max_tokens": 16, "ignore_eos": True}
+        url = serve_stack.base_url + "/v1/completions"
+        if i % 2:
+            with httpx.stream("POST", url, headers=headers, timeout=300,
+                              json={**body, "stream": True, "stream_options": {"include_usage": True}}) as s:
+                if s.status_code != 200:
+                    s.read()
+                    return s.status_code, {**s.json(), "retry": s.headers.get("retry-after")}, 0
+                events = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: {")]
+                return 200, None, events[-1]["usage"]["completion_tokens"]
+        r = httpx.post(url, headers=headers, json=body, timeout=300)
+        if r.status_code != 200:
+            return r.status_code, {**r.json(), "retry": r.headers.get("retry-after")}, 0
+        return 200, None, r.json()["usage"]["completion_tokens"]
+
+    with ThreadPoolExecutor(48) as pool:
+        results = list(pool.map(one, range(96)))
+    statuses = [s for s, _, _ in results]
+    assert set(statuses) <= {200, 429}, statuses
+    assert statuses.count(200) >= 4 and statuses.count(429) >= 1
+    for status, err, tokens in results:
+        if status == 429:
+            assert err["retry"] and "in flight" in err["error"]["message"], err
+        else:
+            assert tokens == 16
+    assert stack_invariants() == []
