@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from . import metrics
 from .errors import (
     AdapterInvalid,
     AdapterNotFound,
@@ -34,6 +33,7 @@ from .errors import (
     RegistryError,
     StoreUnavailable,
 )
+from .events import NO_OBSERVER, RegistryObserver
 from .manifest import AdapterManifest
 from .stores.base import AdapterStore
 from .verify import sha256_file
@@ -64,6 +64,7 @@ class AdapterCache:
         backoff_s: float = 0.2,
         timeout_s: float = 300.0,
         local_check: LocalCheck | None = None,
+        observer: RegistryObserver = NO_OBSERVER,
     ) -> None:
         self.root = Path(root)
         self.max_bytes = int(max_bytes)
@@ -71,6 +72,7 @@ class AdapterCache:
         self.backoff_s = backoff_s
         self.timeout_s = timeout_s
         self.local_check = local_check
+        self.observer = observer
         self.objects = self.root / "objects"
         self.tmp = self.root / "tmp"
         self._entries: OrderedDict[str, CacheEntry] = OrderedDict()
@@ -112,7 +114,7 @@ class AdapterCache:
         return [{"digest": e.digest, "bytes": e.size, "pins": e.pins} for e in self._entries.values()]
 
     def _publish_gauge(self) -> None:
-        metrics.CACHE_BYTES.set(self.used_bytes)
+        self.observer.cache_bytes(self.used_bytes)
 
     # ---- pins -----------------------------------------------------------------------------------
     def pin(self, manifest: AdapterManifest) -> None:
@@ -147,14 +149,14 @@ class AdapterCache:
             if e is not None and e.verified:
                 if e.path.is_dir():
                     self.stats["hits"] += 1
-                    metrics.LOOKUPS.labels("disk", "hit").inc()
+                    self.observer.lookup("disk", hit=True)
                     return self._touch(e, pin)
                 log.warning("cache folder %s vanished; fetching again", e.path)
                 self._entries.pop(digest, None)
             task = self._inflight.get(digest)
             if task is None:
                 self.stats["misses"] += 1
-                metrics.LOOKUPS.labels("disk", "miss").inc()
+                self.observer.lookup("disk", hit=False)
                 task = asyncio.ensure_future(self._load(store, manifest))
                 self._inflight[digest] = task
                 task.add_done_callback(self._load_done)
@@ -196,11 +198,11 @@ class AdapterCache:
             path = await self._download_with_retries(store, manifest)
         except RegistryError as err:
             self.stats["failures"] += 1
-            metrics.FAILURES.labels("disk", type(err).__name__).inc()
+            self.observer.failed("disk", type(err).__name__)
             raise
         finally:
             self._reserved -= size
-        metrics.LOAD_SECONDS.labels("disk").observe(time.perf_counter() - t0)
+        self.observer.loaded("disk", time.perf_counter() - t0)
         self.stats["downloads"] += 1
         self._entries[digest] = CacheEntry(digest, path, size, last_used=time.monotonic())
         self._publish_gauge()
@@ -302,7 +304,7 @@ class AdapterCache:
         """Forget ``e`` and move its folder to trash (invisible at once); the caller deletes the trash."""
         self._entries.pop(e.digest, None)
         self.stats["evictions"] += 1
-        metrics.EVICTIONS.labels("disk").inc()
+        self.observer.evicted("disk")
         self._publish_gauge()
         trash = self.tmp / f"trash-{uuid.uuid4().hex}"
         try:

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Protocol
 
-from . import metrics
 from .cache import AdapterCache
 from .errors import (
     AdapterConflict,
@@ -29,6 +28,7 @@ from .errors import (
     RegistryError,
     SlotsExhausted,
 )
+from .events import NO_OBSERVER, RegistryObserver
 from .manifest import AdapterManifest, BaseModelInfo
 from .stores.base import AdapterStore
 from .validation import inspect_adapter
@@ -107,6 +107,7 @@ class AdapterSlots:
         acquire_timeout_s: float = 30.0,
         base: BaseModelInfo | None = None,
         max_lora_rank: int | None = None,
+        observer: RegistryObserver = NO_OBSERVER,
     ) -> None:
         if capacity < 1:
             raise ValueError("capacity must be >= 1")
@@ -119,8 +120,10 @@ class AdapterSlots:
         self.acquire_timeout_s = acquire_timeout_s
         self.base = base
         self.max_lora_rank = max_lora_rank
+        self.observer = observer
         self._freed = asyncio.Event()
         self.stats = {"hits": 0, "misses": 0, "evictions": 0, "failures": 0}
+        self._report_residency()
 
     # ---- reports --------------------------------------------------------------------------------
     def resident(self) -> list[str]:
@@ -134,6 +137,11 @@ class AdapterSlots:
     def snapshot(self) -> list[dict]:
         """Rows in LRU order (least recently used first)."""
         return [s.view() for s in self._table.values()]
+
+    def _report_residency(self) -> None:
+        """Tells the observer which rows are registered with the engine now."""
+        registered = [s.manifest.adapter_id for s in self._table.values() if s.request is not None]
+        self.observer.residency(registered, self.capacity)
 
     @property
     def free_slots(self) -> int:
@@ -166,7 +174,7 @@ class AdapterSlots:
                 continue
             if slot is not None:
                 self.stats["hits"] += 1
-                metrics.LOOKUPS.labels("engine", "hit").inc()
+                self.observer.lookup("engine", hit=True)
                 slot.active += 1
                 slot.last_used = time.monotonic()
                 self._table.move_to_end(name)
@@ -184,7 +192,7 @@ class AdapterSlots:
                     pass
                 continue  # state changed (or time is up): look again
             self.stats["misses"] += 1
-            metrics.LOOKUPS.labels("engine", "miss").inc()
+            self.observer.lookup("engine", hit=False)
             slot = Slot(manifest, self._next_int_id, active=1)
             self._next_int_id += 1
             self._table[name] = slot
@@ -251,14 +259,14 @@ class AdapterSlots:
                     raise AdapterInvalid(f"the engine refused {name}: {e}") from e
                 raise AdapterLoadFailed(f"the engine failed to register {name}: {type(e).__name__}: {e}") from e
             slot.request, slot.path = request, path
-            metrics.LOAD_SECONDS.labels("engine").observe(time.perf_counter() - t0)
-            metrics.RESIDENT.set(len(self._table))
+            self.observer.loaded("engine", time.perf_counter() - t0)
+            self._report_residency()
         except BaseException as e:
             if self._table.get(name) is slot:
                 del self._table[name]
                 self._signal()
             self.stats["failures"] += 1
-            metrics.FAILURES.labels("engine", type(e).__name__).inc()
+            self.observer.failed("engine", type(e).__name__)
             raise
 
     def _check_before_load(self, manifest: AdapterManifest, path: Path) -> None:
@@ -278,7 +286,7 @@ class AdapterSlots:
     async def _unregister(self, slot: Slot) -> None:
         """``remove_lora`` first; only then may the cache delete the folder."""
         self.stats["evictions"] += 1
-        metrics.EVICTIONS.labels("engine").inc()
+        self.observer.evicted("engine")
         try:
             await self.engine.remove_lora(slot.lora_int_id)
         except Exception:
@@ -286,7 +294,7 @@ class AdapterSlots:
             log.exception("remove_lora(%s) failed; keeping its files", slot.manifest.lora_name)
             return
         self.cache.unpin(slot.manifest)
-        metrics.RESIDENT.set(len(self._table))
+        self._report_residency()
         self._signal()
 
     # ---- operator actions -----------------------------------------------------------------------

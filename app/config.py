@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from app.observability.config import ObservabilityConfig
+
 EMBEDDED_MODEL = "embedded"
 EMBEDDED_MODEL_DIRNAME = "tiny-qwen3-moe"
 
@@ -128,6 +130,9 @@ class AppConfig(_Strict):
     )
     gateway_deployment: DeploymentOptions = Field(
         default_factory=lambda: DeploymentOptions(num_replicas=1), description="Serve options of the gateway (ingress)."
+    )
+    observability: ObservabilityConfig = Field(
+        default_factory=ObservabilityConfig, description="Metrics label caps and request logs."
     )
 
     def resolved_store_uri(self) -> str:

@@ -1,7 +1,9 @@
 """Typed errors of the serving path and their one mapping to HTTP responses (OpenAI error shape).
 
 Every error the gateway returns goes through ``error_response``: registry errors carry their own
-``http_status``; vLLM's ``ErrorResponse`` objects are passed through with their code.
+``http_status``; vLLM's ``ErrorResponse`` objects are passed through with their code. Every error
+body names the request's id (``error.request_id``, from ``app.request_ids.current()``), FastAPI's
+own errors (unknown route, wrong method) included once ``install_handlers`` ran on the app.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 
+from app import request_ids
+
 
 class LoraplexError(Exception):
     """Base class: ``http_status`` and an OpenAI-style ``error_type``; the message says what to fix."""
@@ -17,10 +21,11 @@ class LoraplexError(Exception):
     http_status = 500
     error_type = "internal_error"
 
-    def __init__(self, message: str, *, retry_after_s: float | None = None):
+    def __init__(self, message: str, *, retry_after_s: float | None = None, reason: str | None = None):
         super().__init__(message)
         self.message = message
         self.retry_after_s = retry_after_s
+        self.reason = reason or self.error_type  # one word for metrics and logs (e.g. admission's cause)
 
 
 class Unauthorized(LoraplexError):
@@ -94,17 +99,46 @@ def describe(exc: Exception) -> tuple[int, dict[str, Any], float | None]:
     return status, error_body(status, message, error_type), getattr(exc, "retry_after_s", None)
 
 
+def with_request_id(body: dict[str, Any], request_id: str | None = None) -> dict[str, Any]:
+    """``body`` with ``error.request_id`` set to ``request_id`` (default: the current request's;
+    a copy; unchanged when there is no id or no ``error`` object)."""
+    request_id = request_id or request_ids.current()
+    error = body.get("error")
+    if request_id is None or not isinstance(error, dict) or "request_id" in error:
+        return body
+    return {**body, "error": {**error, "request_id": request_id}}
+
+
 def json_error(status: int, body: dict[str, Any], retry_after_s: float | None = None, headers: dict | None = None) -> JSONResponse:
     """The error response, with ``Retry-After`` (whole seconds, at least 1) when retrying can help."""
     headers = dict(headers or {})
     if retry_after_s is not None:
         headers["Retry-After"] = str(max(1, int(round(retry_after_s))))
-    return JSONResponse(body, status_code=status, headers=headers)
+    return JSONResponse(with_request_id(body), status_code=status, headers=headers)
 
 
 def error_response(exc: Exception) -> JSONResponse:
     """Maps any exception of the serving path to a JSON error response."""
     return json_error(*describe(exc))
+
+
+def install_handlers(app) -> None:
+    """FastAPI's own errors (unknown route, wrong method, invalid path parameters) in the same
+    shape as every other error."""
+    from fastapi.exceptions import RequestValidationError
+    from starlette.exceptions import HTTPException
+
+    async def http_error(request, exc: HTTPException) -> JSONResponse:
+        status = exc.status_code
+        return json_error(status, error_body(status, str(exc.detail), _type_for_status(status)),
+                          headers=getattr(exc, "headers", None))
+
+    async def invalid(request, exc: RequestValidationError) -> JSONResponse:
+        parts = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()[:5]]  # no input values
+        return json_error(422, error_body(422, "invalid request: " + "; ".join(parts), "invalid_request_error"))
+
+    app.add_exception_handler(HTTPException, http_error)
+    app.add_exception_handler(RequestValidationError, invalid)
 
 
 def _type_for_status(status: int) -> str:

@@ -53,28 +53,28 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-if not __package__:  # run as a file: this folder comes first on sys.path, and its http/ would shadow the stdlib's http
-    sys.path[:] = [str(REPO)] + [p for p in sys.path if Path(p or ".").resolve() != REPO / "benchmarks"]
+if not __package__:  # run as a file: the checkout's packages by their full names
+    sys.path.insert(0, str(REPO))
 
 import yaml
 
-from benchmarks.http.client import run
-from benchmarks.http.report import (
+from benchmarks.loadgen.client import raise_priority, run
+from benchmarks.loadgen.report import (
     print_failures,
     print_table,
     print_vllm_comparison,
     write_plot,
     write_report,
 )
-from benchmarks.http.spec import (
+from benchmarks.loadgen.spec import (
     BenchReport,
     LoadResult,
     LoadSpec,
     TargetSpec,
     VllmBenchResult,
 )
-from benchmarks.http.vllm_bench import run_vllm_bench, vllm_bench_plan
-from benchmarks.http.workload import model_vocab, server_model_dir
+from benchmarks.loadgen.vllm_bench import run_vllm_bench, vllm_bench_plan
+from benchmarks.loadgen.workload import model_vocab, server_model_dir
 
 PRESETS: dict[str, dict[str, Any]] = {
     # the production workload, adapters round-robin
@@ -188,17 +188,6 @@ def embedded_target(base_url: str, home: Path) -> tuple[TargetSpec, list[str], s
     operator = next((k for t, k in keys.items() if t == "operator"), None)
     target = TargetSpec(name="loraplex", base_url=base_url, base_model=base, keys=per_adapter)
     return target, [s.adapter_id for s in DEMO_ADAPTERS], operator
-
-
-def raise_priority() -> bool:
-    """On a machine of few cores a normal-priority client is starved by the engine and sees all
-    tokens at the end; run it real-time when allowed. Called after the stack has started, so the
-    stack keeps its normal priority; children started afterwards (vllm bench) inherit it."""
-    try:
-        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(10))
-        return True
-    except (PermissionError, AttributeError, OSError):
-        return False
 
 
 def resolve_vocab(args: argparse.Namespace, target: TargetSpec) -> tuple[int, list[int], Path | None]:

@@ -33,6 +33,7 @@ from adapters_registry.manifest import BaseModelInfo
 from adapters_registry.slots import AdapterSlots
 from adapters_registry.stores import open_store
 from app.embedded.model import tiny_qwen3_moe_config
+from benchmarks.progress import progress
 from benchmarks.shapes import GPT_OSS_20B_CONFIG
 from benchmarks.synthetic_adapters import synthetic_adapter
 from tests.helpers.s3 import S3ServerProcess, s3rver_prefix
@@ -69,7 +70,7 @@ def raw_get_s(store, manifest) -> float:
 
 async def measure(store, manifest, work: Path, reps: int) -> dict[str, list[float]]:
     out = {"cold": [], "disk_warm": [], "warm": [], "raw_get": []}
-    for i in range(reps):
+    for i in progress(range(reps), manifest.lora_name, unit="rep"):
         out["raw_get"].append(await asyncio.to_thread(raw_get_s, store, manifest))
         cache_dir = work / f"cache-{i}"
         slots = AdapterSlots(NoopEngine(), AdapterCache(cache_dir, 64 * 2**30), 4,

@@ -1,7 +1,8 @@
 """Writes helm/loraplex/values.schema.json: the chart's own keys plus the app's pydantic models.
 
-``engine``, ``engineDeployment`` and ``gatewayDeployment`` reach ``app.main:build_app`` verbatim,
-so their schemas are generated from ``app.config.EngineConfig`` / ``DeploymentOptions``: Helm then
+``engine``, ``engineDeployment``, ``gatewayDeployment`` and ``observability`` reach ``app.main:build_app`` verbatim,
+so their schemas are generated from ``app.config.EngineConfig`` / ``DeploymentOptions`` /
+``app.observability.config.ObservabilityConfig``: Helm then
 rejects a typo at ``helm install`` time instead of the application failing on the cluster.
 ``tests/deploy/test_helm_chart.py`` fails when the committed file differs from what this script writes.
 
@@ -104,6 +105,7 @@ def chart_schema(app_defs: dict[str, Any]) -> dict[str, Any]:
             "engine": {"$ref": "#/$defs/EngineConfig"},
             "engineDeployment": {"$ref": "#/$defs/DeploymentOptions"},
             "gatewayDeployment": {"$ref": "#/$defs/DeploymentOptions"},
+            "observability": {"$ref": "#/$defs/ObservabilityConfig"},
             "serve": closed({
                 "proxyLocation": {"enum": ["EveryNode", "HeadOnly", "Disabled"]},
                 "port": {"type": "integer", "minimum": 1, "maximum": 65535},
@@ -144,12 +146,13 @@ def chart_schema(app_defs: dict[str, Any]) -> dict[str, Any]:
 
 
 def app_defs() -> dict[str, Any]:
-    """JSON schemas of the app's EngineConfig and DeploymentOptions (pydantic, extra=forbid)."""
+    """JSON schemas of the app's EngineConfig, DeploymentOptions and ObservabilityConfig (pydantic, extra=forbid)."""
     sys.path.insert(0, str(ROOT))
     from app.config import DeploymentOptions, EngineConfig
+    from app.observability.config import ObservabilityConfig
 
     defs: dict[str, Any] = {}
-    for model in (EngineConfig, DeploymentOptions):
+    for model in (EngineConfig, DeploymentOptions, ObservabilityConfig):
         schema = model.model_json_schema(ref_template="#/$defs/{model}")
         defs.update(schema.pop("$defs", {}))
         defs[model.__name__] = schema

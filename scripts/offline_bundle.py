@@ -304,7 +304,7 @@ def resolve(args: argparse.Namespace) -> dict[str, Wheel]:
     pins = read_pins(args.requirements)
     image, skipped = read_names(args.image), read_names(args.not_bundled)
     paths = download(pins, args.cache, target, args.jobs)
-    wheels = {n: load_wheel(p) for n, p in paths.items()}
+    wheels = {n: load_wheel(p) for n, p in tqdm(paths.items(), unit="whl", desc="read metadata")}
     problems = check_closure(wheels, pins, image, skipped, target)
     total = sum(p.stat().st_size for p in paths.values())
     print(f"{len(wheels)} wheels, {total / MIB:.1f} MiB; image list: {len(image)} packages")
@@ -366,7 +366,7 @@ def write_bundle(wheels: list[Wheel], target: Target, out: Path, preset: int) ->
     if shutil.which("xz") is None:
         sys.exit("xz is needed to compress the bundle")
     plan = []
-    for w in sorted(wheels, key=lambda w: w.path.name):
+    for w in tqdm(sorted(wheels, key=lambda w: w.path.name), unit="whl", desc="plan trims"):
         kept, gone = split_members(w, target)
         plan.append((w, kept))
         if gone:
@@ -397,9 +397,10 @@ def write_bundle(wheels: list[Wheel], target: Target, out: Path, preset: int) ->
 
 def sha256(path: Path) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as fh:
+    with open(path, "rb") as fh, tqdm(total=path.stat().st_size, unit="B", unit_scale=True, desc="sha256") as bar:
         for block in iter(lambda: fh.read(8 * MIB), b""):
             h.update(block)
+            bar.update(len(block))
     return h.hexdigest()
 
 
@@ -415,12 +416,12 @@ def split_chunks(bundle: Path, chunk_mib: int) -> list[Path]:
     if count > 99:
         sys.exit(f"{count} chunks: raise --chunk-mib")
     dirs = []
-    with open(bundle, "rb") as fh:
+    with open(bundle, "rb") as fh, tqdm(total=size, unit="B", unit_scale=True, desc="split") as bar:
         for i in range(1, count + 1):
             d = ROOT / f".c{i}"
             d.mkdir()
             with open(d / f"part.{i:02d}", "wb") as out:
-                shutil.copyfileobj(_Limited(fh, part), out, 8 * MIB)
+                shutil.copyfileobj(_Limited(fh, part), cast(IO[bytes], _Counting(out, bar)), 8 * MIB)
             dirs.append(d)
     (dirs[-1] / "bundle.sha256").write_text(f"{sha256(bundle)}  bundle.tar.xz\n")
     (dirs[-1] / "LAST").write_text(f"{count}\n")

@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import tempfile
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Callable
+
+BytesDone = Callable[[int], None]  # called with the bytes just written (upload progress)
+Progress = Callable[[int, int], None]  # (bytes just written, total bytes to write)
 
 from ..errors import AdapterConflict, AdapterInvalid, AdapterNotFound
 from ..manifest import MANIFEST_NAME, AdapterManifest, BaseModelInfo, ManifestFile
@@ -65,8 +67,10 @@ class AdapterStore(ABC):
     def _write_tombstone(self, adapter_id: str, last_version: int) -> None: ...
 
     @abstractmethod
-    def _commit_version(self, adapter_id: str, version: int, files: dict[str, Path], manifest: bytes) -> None:
-        """Make the version visible all at once; :class:`AdapterConflict` if it already exists."""
+    def _commit_version(self, adapter_id: str, version: int, files: dict[str, Path], manifest: bytes,
+                        on_bytes: BytesDone | None = None) -> None:
+        """Make the version visible all at once; :class:`AdapterConflict` if it already exists.
+        ``on_bytes`` is told about every chunk of the files written."""
 
     @abstractmethod
     def _remove_version(self, adapter_id: str, version: int) -> None:
@@ -86,8 +90,10 @@ class AdapterStore(ABC):
         max_lora_rank: int = 64,
         limits: ValidationLimits | None = None,
         target_layout: TargetLayout = "2d",
+        progress: Progress | None = None,
     ) -> AdapterManifest:
-        """Validate ``src_dir`` against ``base`` and publish it as version last+1 (atomic)."""
+        """Validate ``src_dir`` against ``base`` and publish it as version last+1 (atomic);
+        ``progress(bytes_done, bytes_total)`` follows the upload of the (normalised) files."""
         check_id(adapter_id)
         check_id(owner_tenant, "tenant name")
         if self._versions(adapter_id):
@@ -102,6 +108,8 @@ class AdapterStore(ABC):
                 digest, size, parts = hash_file(path, PART_BYTES)
                 entries.append(ManifestFile(name=name, sha256=digest, size=size,
                                             part_bytes=PART_BYTES if parts else None, part_sha256=parts))
+            total = sum(e.size for e in entries)
+            on_bytes = None if progress is None else (lambda n: progress(n, total))
             lost = 0  # highest version a concurrent publish claimed first: never retry it
             for _ in range(PUBLISH_ATTEMPTS):
                 version = max([lost, self._read_tombstone(adapter_id), *self._versions(adapter_id)]) + 1
@@ -120,7 +128,7 @@ class AdapterStore(ABC):
                     files=entries,
                 )
                 try:
-                    self._commit_version(adapter_id, version, files, manifest.to_json_bytes())
+                    self._commit_version(adapter_id, version, files, manifest.to_json_bytes(), on_bytes)
                     return manifest
                 except AdapterConflict:
                     lost = version  # its manifest may not be visible yet: try the next number
@@ -208,8 +216,11 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def copy_fsync(src: Path, dst: Path) -> None:
+def copy_fsync(src: Path, dst: Path, on_bytes: BytesDone | None = None) -> None:
     with open(src, "rb") as a, open(dst, "wb") as b:
-        shutil.copyfileobj(a, b, CHUNK)
+        while chunk := a.read(CHUNK):
+            b.write(chunk)
+            if on_bytes is not None:
+                on_bytes(len(chunk))
         b.flush()
         os.fsync(b.fileno())

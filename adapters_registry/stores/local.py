@@ -20,7 +20,14 @@ from urllib.parse import unquote, urlparse
 from ..errors import AdapterConflict, AdapterNotFound, StoreUnavailable
 from ..manifest import MANIFEST_NAME, AdapterManifest
 from ..validation import check_id
-from .base import TOMBSTONE_NAME, AdapterStore, copy_fsync, fsync_dir, read_json
+from .base import (
+    TOMBSTONE_NAME,
+    AdapterStore,
+    BytesDone,
+    copy_fsync,
+    fsync_dir,
+    read_json,
+)
 
 
 def path_from_uri(uri: str) -> Path:
@@ -69,14 +76,15 @@ class LocalAdapterStore(AdapterStore):
         tmp.write_text(json.dumps({"last_version": last_version}))
         os.replace(tmp, d / TOMBSTONE_NAME)
 
-    def _commit_version(self, adapter_id: str, version: int, files: dict[str, Path], manifest: bytes) -> None:
+    def _commit_version(self, adapter_id: str, version: int, files: dict[str, Path], manifest: bytes,
+                        on_bytes: BytesDone | None = None) -> None:
         d = self._dir(adapter_id)
         d.mkdir(parents=True, exist_ok=True)
         tmp = d / f".tmp-{uuid.uuid4().hex}"
         tmp.mkdir()
         try:
             for name, src in files.items():
-                copy_fsync(src, tmp / name)
+                copy_fsync(src, tmp / name, on_bytes)
             with open(tmp / MANIFEST_NAME, "wb") as f:
                 f.write(manifest)
                 f.flush()

@@ -29,7 +29,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from ..errors import AdapterConflict, AdapterNotFound, RegistryError, StoreUnavailable
 from ..manifest import MANIFEST_NAME, AdapterManifest
-from .base import TOMBSTONE_NAME, AdapterStore, corrupt_error
+from .base import TOMBSTONE_NAME, AdapterStore, BytesDone, corrupt_error
 
 CLAIM_NAME = ".claim"
 NOT_FOUND = {"NoSuchKey", "404", "NotFound"}
@@ -156,7 +156,8 @@ class S3AdapterStore(AdapterStore):
                 Body=json.dumps({"last_version": last_version}).encode(),
             )
 
-    def _commit_version(self, adapter_id: str, version: int, files: dict[str, Path], manifest: bytes) -> None:
+    def _commit_version(self, adapter_id: str, version: int, files: dict[str, Path], manifest: bytes,
+                        on_bytes: BytesDone | None = None) -> None:
         what = f"publishing {adapter_id}@v{version}"
         token = uuid.uuid4().hex.encode()
         claim_key = self._key(adapter_id, version, CLAIM_NAME)
@@ -170,7 +171,8 @@ class S3AdapterStore(AdapterStore):
                     raise AdapterConflict(f"{adapter_id}@v{version} claimed by a concurrent publish") from None
                 raise
             for name, path in files.items():
-                self.client.upload_file(str(path), self.bucket, self._key(adapter_id, version, name), Config=self.transfer)
+                self.client.upload_file(str(path), self.bucket, self._key(adapter_id, version, name),
+                                        Config=self.transfer, Callback=on_bytes)
             # Servers that ignore If-None-Match (s3rver) let two claims "succeed": the later one
             # wins the claim object, and the earlier publisher backs off here (best effort).
             if self.client.get_object(Bucket=self.bucket, Key=claim_key)["Body"].read() != token:

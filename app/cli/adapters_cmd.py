@@ -30,15 +30,17 @@ def _fail(exc: Exception) -> int:
 def _push(args: argparse.Namespace) -> int:
     from adapters_registry.errors import RegistryError
     from adapters_registry.manifest import BaseModelInfo
+    from app.cli.progress import byte_progress
     from app.config import AppConfig
 
     ecfg = AppConfig().engine
     try:
         base = BaseModelInfo.from_model(args.base_model or ecfg.resolved_model())
-        m = _store(args).publish(
-            args.dir, args.id, args.tenant, base, max_lora_rank=args.max_lora_rank or ecfg.max_lora_rank,
-            target_layout="as_is" if args.keep_layout else "2d",
-        )
+        with byte_progress(f"push {args.id}") as progress:
+            m = _store(args).publish(
+                args.dir, args.id, args.tenant, base, max_lora_rank=args.max_lora_rank or ecfg.max_lora_rank,
+                target_layout="as_is" if args.keep_layout else "2d", progress=progress,
+            )
     except RegistryError as e:
         return _fail(e)
     print(f"published {m.adapter_id} version {m.version} (tenant {m.owner_tenant}, rank {m.rank}, "

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,6 +26,8 @@ from pathlib import Path
 
 import httpx
 import yaml
+
+from app.cli.serve_env import PROXIES, Proxy, serve_env
 
 DEFAULT_CONFIG = "deploy/config.yaml"
 SHUTDOWN_GRACE_S = float(os.environ.get("LORAPLEX_SHUTDOWN_GRACE_S", "60"))
@@ -143,7 +146,7 @@ class Supervisor:
                 time.sleep(0.2)
 
 
-def run(config: str) -> int:
+def run(config: str, proxy: Proxy = "haproxy") -> int:
     from app.embedded.setup import init, is_initialized
 
     config_path = Path(config)
@@ -152,8 +155,7 @@ def run(config: str) -> int:
         return 2
     if not is_initialized():
         init()
-    env = dict(os.environ)
-    env.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # single node: Ray binds loopback
+    env, run_dir = serve_env(dict(os.environ), proxy)
     shm_before = set(SHM.iterdir()) if SHM.is_dir() else set()
     supervisor = Supervisor(_serve_executable() + ["run", "--address", "local", str(config_path)],
                             env)
@@ -164,10 +166,12 @@ def run(config: str) -> int:
         return supervisor.wait()
     finally:
         stop.set()
-        _remove_new_shm(shm_before)
+        remove_new_shm(shm_before)
+        if run_dir is not None:
+            shutil.rmtree(run_dir, ignore_errors=True)
 
 
-def _remove_new_shm(before: set[Path]) -> None:
+def remove_new_shm(before: set[Path]) -> None:
     """Removes shared-memory segments that appeared during the run and that no process still
     holds open or mapped (orphans of the stopped vLLM/Ray processes); others' are left alone."""
     if not SHM.is_dir():
@@ -203,10 +207,14 @@ def _shm_in_use() -> set[Path]:
 def add_subparser(sub) -> None:
     p = sub.add_parser("serve", help="init if needed, then `serve run CONFIG` (Ctrl-C stops everything)")
     p.add_argument("config", nargs="?", default=DEFAULT_CONFIG, help=f"Serve config (default {DEFAULT_CONFIG})")
-    p.set_defaults(func=lambda args: run(args.config))
+    p.add_argument("--proxy", choices=PROXIES, default="haproxy",
+                   help="Serve's data path: HAProxy + direct gRPC (default) or the Python proxy")
+    p.set_defaults(func=lambda args: run(args.config, args.proxy))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="loraplex serve")
     parser.add_argument("config", nargs="?", default=DEFAULT_CONFIG)
-    return run(parser.parse_args(argv).config)
+    parser.add_argument("--proxy", choices=PROXIES, default="haproxy")
+    args = parser.parse_args(argv)
+    return run(args.config, args.proxy)

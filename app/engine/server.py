@@ -4,7 +4,8 @@ A replica owns one engine (one GPU or TP group; on CPU, the embedded model). Req
 the gateway with the adapter's manifest already resolved and authorised; the replica's slot table
 makes the adapter resident (disk cache → ``add_lora``) and pins it for the request's lifetime.
 
-Return protocol to the gateway (plain data, so it crosses Ray unchanged):
+Return protocol to the gateway (plain data, so it crosses Ray unchanged; ``meta`` is an
+``app.request_meta.RequestMeta`` dump, None for internal calls, which are not recorded):
 - ``generate`` returns ``{"status": int, "body": dict, "replica": str}`` (+ ``retry_after_s`` on
   errors where retrying can help).
 - ``generate_stream`` yields ``{"status": int, "body": dict | None, "replica": str}`` first, then
@@ -25,9 +26,12 @@ from ray import serve
 from adapters_registry.manifest import AdapterManifest
 from app.config import AppConfig
 from app.errors import EngineUnavailable, NotReady, describe, error_body
+from app.observability.engine import EngineRecorder
+from app.observability.registry_metrics import ReplicaRegistryMetrics
 
 logger = logging.getLogger(__name__)
 Kind = Literal["chat", "completion"]
+CLIENT_CLOSED = 499  # a stream whose consumer left before it ended
 
 
 def expert_lora_refusal() -> str | None:
@@ -71,14 +75,18 @@ class EngineServer:
         self._error_from_exception = vllm_serving.error_from_exception
         self._vllm = vllm_serving
         self.store = open_store(self.cfg.resolved_store_uri(), self.cfg.s3_endpoint_url)
-        self.cache = AdapterCache(self.cfg.resolved_cache_dir() / _cache_name(), self.cfg.cache_max_bytes)
+        self.replica = _replica_name()
+        self.recorder = EngineRecorder(self.cfg.observability, self.replica)
+        self.registry_metrics = registry_metrics = ReplicaRegistryMetrics(self.recorder.labels, self.replica)
+        self.cache = AdapterCache(self.cfg.resolved_cache_dir() / _cache_name(), self.cfg.cache_max_bytes,
+                                  observer=registry_metrics)
         self.lora_ops = vllm_serving.ServingLoraOps(self.serving)
         self.slots = AdapterSlots(
             self.lora_ops, self.cache, ecfg.max_cpu_loras,
             base=_base_model_info(ecfg.resolved_model()), max_lora_rank=ecfg.max_lora_rank,
+            observer=registry_metrics,
         )
         self.expert_lora_refusal = expert_lora_refusal()
-        self.replica = _replica_name()
         self._newest_version: dict[str, int] = {}  # per adapter id: newest version requested here
 
     def __del__(self) -> None:
@@ -90,8 +98,9 @@ class EngineServer:
             serving.engine.shutdown()
 
     async def check_health(self) -> None:
-        """Serve health check: raises if the vLLM engine died."""
+        """Serve health check: raises if the vLLM engine died; records the residency gauges again."""
         await self.serving.engine.check_health()
+        self.registry_metrics.refresh()
 
     async def ready(self) -> bool:
         """True once a real one-token generation on the base model succeeds."""
@@ -149,9 +158,10 @@ class EngineServer:
         async with self.slots.use(self.store, manifest) as lora_request:
             yield lora_request.lora_name
 
-    def _parse(self, kind: Kind, body: dict[str, Any], model_name: str):
+    def _parse(self, kind: Kind, body: dict[str, Any], model_name: str, request_id: str | None = None):
         cls = self.chat_request_cls if kind == "chat" else self.completion_request_cls
-        request = cls.model_validate({**body, "model": model_name})
+        fields = {**body, "model": model_name} | ({"request_id": request_id} if request_id else {})
+        request = cls.model_validate(fields)
         handler = self.serving.chat.create_chat_completion if kind == "chat" else self.serving.completion.create_completion
         return request, handler
 
@@ -170,9 +180,13 @@ class EngineServer:
         status, body = self._error_from_exception(exc)
         return {"status": status, "body": body}
 
-    async def generate(self, kind: Kind, body: dict[str, Any], manifest: dict | None) -> dict[str, Any]:
+    async def generate(self, kind: Kind, body: dict[str, Any], manifest: dict | None,
+                       meta: dict | None = None) -> dict[str, Any]:
         """Non-streaming completion/chat; ``manifest`` is an ``AdapterManifest`` dump or None."""
-        return {**await self._generate(kind, body, manifest), "replica": self.replica}
+        obs = self.recorder.start(meta, kind, stream=False)
+        out = {**await self._generate(kind, body, manifest, obs), "replica": self.replica}
+        self.recorder.finish(obs, out["status"])
+        return out
 
     def _engine_unavailable(self) -> EngineUnavailable:
         return EngineUnavailable(f"the engine of replica {self.replica} died; the replica is being replaced, retry",
@@ -184,14 +198,15 @@ class EngineServer:
             return self._error(self._engine_unavailable())
         return {"status": int(result.error.code), "body": result.model_dump()}
 
-    async def _generate(self, kind: Kind, body: dict[str, Any], manifest: dict | None) -> dict[str, Any]:
+    async def _generate(self, kind: Kind, body: dict[str, Any], manifest: dict | None, obs=None) -> dict[str, Any]:
         try:
             if self._vllm.engine_dead(self.serving):
                 raise self._engine_unavailable()
             async with self._adapter(_manifest(manifest)) as model_name:
-                request, handler = self._parse(kind, body, model_name)
+                request, handler = self._parse(kind, body, model_name, obs and obs.meta.request_id)
                 request.stream = False
-                result = await handler(request, None)
+                with self.recorder.bind(obs):
+                    result = await handler(request, None)
                 if isinstance(result, self.error_cls):
                     return self._failed(result)
                 return {"status": 200, "body": result.model_dump(mode="json", exclude_none=True)}
@@ -199,18 +214,28 @@ class EngineServer:
             logger.info("request failed: %r", exc)
             return self._error(exc)
 
-    async def generate_stream(self, kind: Kind, body: dict[str, Any], manifest: dict | None) -> AsyncIterator[Any]:
+    async def generate_stream(self, kind: Kind, body: dict[str, Any], manifest: dict | None,
+                              meta: dict | None = None) -> AsyncIterator[Any]:
         """Streaming completion/chat: a status dict first, then SSE chunks (see module doc)."""
-        async for item in self._generate_stream(kind, body, manifest):
-            yield {**item, "replica": self.replica} if isinstance(item, dict) else item
+        obs = self.recorder.start(meta, kind, stream=True)
+        status, ended = CLIENT_CLOSED, False
+        try:
+            async for item in self._generate_stream(kind, body, manifest, obs):
+                if isinstance(item, dict):  # the head, or an error after the stream started
+                    status, item = item["status"], {**item, "replica": self.replica}
+                yield item
+            ended = True
+        finally:
+            self.recorder.finish(obs, status if status != 200 or ended else CLIENT_CLOSED)
 
-    async def _generate_stream(self, kind: Kind, body: dict[str, Any], manifest: dict | None) -> AsyncIterator[Any]:
+    async def _generate_stream(self, kind: Kind, body: dict[str, Any], manifest: dict | None, obs=None) -> AsyncIterator[Any]:
         try:
             if self._vllm.engine_dead(self.serving):
                 raise self._engine_unavailable()
             async with self._adapter(_manifest(manifest)) as model_name:
-                request, handler = self._parse(kind, body, model_name)
-                result = await handler(request, None)
+                request, handler = self._parse(kind, body, model_name, obs and obs.meta.request_id)
+                with self.recorder.bind(obs):
+                    result = await handler(request, None)
                 if isinstance(result, self.error_cls):
                     yield self._failed(result)
                     return

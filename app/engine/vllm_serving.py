@@ -8,6 +8,12 @@ templates, sampling parameters and response shapes are vLLM's.
 Adapters: the replica's slot table registers adapters with the engine through ``ServingLoraOps``,
 which also makes them resolvable by name in vLLM's serving layer (``OpenAIServingModels``). Nothing
 else registers or removes adapters, so the table stays the single truth.
+
+Metrics: inside a Ray worker the engine's own metrics (queue depth, KV-cache use, TTFT, ...) go
+through vLLM's ``RayPrometheusStatLogger`` to Ray's metrics agent, tagged with the Serve replica.
+The serving layer gets ``ObservedEngineClient``: the engine, whose ``generate`` also reports the
+progress of each output (``output_progress``: vLLM's per-request stats, the same fields in both
+releases) to the request being recorded (``app.observability.engine``).
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ from starlette.datastructures import State
 
 from app.config import EngineConfig
 from app.engine.lora_targets import default_lora_targets
+from app.observability.engine import Sink, current_sink
+from app.observability.token_timing import OutputProgress
 from kernels.vllm.versions import require_any
 
 logger = logging.getLogger(__name__)
@@ -117,10 +125,11 @@ async def start_engine(cfg: EngineConfig) -> OpenAIServing:
 
     args = build_args(cfg)
     engine_args = AsyncEngineArgs.from_cli_args(args)
-    engine = AsyncLLM.from_engine_args(engine_args, usage_context=UsageContext.OPENAI_API_SERVER)
+    engine = AsyncLLM.from_engine_args(engine_args, usage_context=UsageContext.OPENAI_API_SERVER,
+                                       stat_loggers=_stat_loggers())
     supported = await engine.get_supported_tasks()
     state = State()
-    await init_app_state(engine, state, args, supported)
+    await init_app_state(ObservedEngineClient(engine, current_sink), state, args, supported)
     return OpenAIServing(engine, state.openai_serving_chat, state.openai_serving_completion, state.openai_serving_models)
 
 
@@ -132,6 +141,79 @@ def engine_dead(serving: OpenAIServing) -> bool:
 def unfinished_requests(serving: OpenAIServing) -> int:
     """Requests the engine holds that have not finished (running or waiting)."""
     return serving.engine.output_processor.get_num_unfinished_requests()
+
+
+def _stat_loggers() -> list | None:
+    """vLLM's Ray stat logger inside a Ray worker (it replaces vLLM's prometheus_client one; the
+    periodic log line stays); None elsewhere (vLLM's defaults)."""
+    import ray
+
+    if not ray.is_initialized():
+        return None
+    from vllm.v1.metrics.ray_wrappers import RayPrometheusStatLogger
+
+    return [RayPrometheusStatLogger]
+
+
+def output_progress(output, delta: bool) -> OutputProgress:
+    """One ``RequestOutput``'s progress; ``delta``: the output carries new tokens only.
+
+    ``output.metrics`` is vLLM's ``RequestStateStats`` of the request (kept while stats are on,
+    which the engine's stat loggers ensure): ``arrival_time`` (wall), ``first_token_latency``
+    (wall interval), ``num_generation_tokens``, ``first_token_ts`` / ``last_token_ts`` (engine
+    core, monotonic).
+    """
+    stats = output.metrics
+    generated = stats.num_generation_tokens if stats is not None else 0
+    first_wall = stats.arrival_time + stats.first_token_latency if generated else None
+    prompt = output.prompt_token_ids
+    return OutputProgress(
+        prompt_tokens=len(prompt) if prompt is not None else None,
+        output_tokens=sum(len(c.token_ids) for c in output.outputs),
+        cumulative=not delta,
+        generated=generated,
+        first_token_wall=first_wall,
+        first_token_ts=stats.first_token_ts if generated else 0.0,
+        last_token_ts=stats.last_token_ts if generated else 0.0,
+    )
+
+
+class ObservedEngineClient:
+    """The engine as vLLM's serving layer sees it: ``generate`` reports every output's progress
+    to the sink that ``sink_now()`` returns when ``generate`` is called (None: no report);
+    every other attribute is the engine's own."""
+
+    def __init__(self, engine: Any, sink_now) -> None:
+        self._engine = engine
+        self._sink_now = sink_now
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    def generate(self, prompt, sampling_params, request_id, *args, **kwargs):
+        sink = self._sink_now()  # now, in the caller's context: the stream is iterated elsewhere
+        outputs = self._engine.generate(prompt, sampling_params, request_id, *args, **kwargs)
+        if sink is None:
+            return outputs
+        from vllm.sampling_params import RequestOutputKind
+
+        delta = getattr(sampling_params, "output_kind", None) == RequestOutputKind.DELTA
+        return _observed(outputs, sink, delta)
+
+
+async def _observed(outputs, sink: Sink, delta: bool):
+    reporting = True
+    try:
+        async for output in outputs:
+            if reporting:
+                try:
+                    sink(output_progress(output, delta))
+                except Exception:  # metrics must never fail a request
+                    logger.exception("token timing disabled for request %s", output.request_id)
+                    reporting = False
+            yield output
+    finally:
+        await outputs.aclose()  # at once: vLLM aborts the request when its generator closes
 
 
 def request_types() -> tuple[type, type, type]:

@@ -15,6 +15,7 @@ pin/unpin/residency, ``engine`` (the engine deployment handle with ``pin_adapter
 - ``POST   /admin/adapters/{id}/pin``     keep resident on the engine replica that answers
 - ``POST   /admin/adapters/{id}/unpin``
 - ``GET    /admin/residency``             slot table and disk cache of the engine replica that answers
+- ``GET    /admin/metrics/targets``       every node's metrics export address (Prometheus HTTP service discovery)
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from adapters_registry.errors import AdapterInvalid
 from adapters_registry.manifest import CONFIG_NAME, WEIGHTS_NAME, BaseModelInfo
 from adapters_registry.validation import ValidationLimits
 from app.errors import Forbidden, LoraplexError, error_response
+from app.observability.targets import scrape_targets
 
 router = APIRouter(prefix="/admin", tags=["admin"])
 UPLOAD_NAMES = (CONFIG_NAME, WEIGHTS_NAME)
@@ -176,3 +178,10 @@ async def residency(request: Request) -> Response:
     gw = _gateway(request)
     return JSONResponse(await _engine_method(gw, "residency").remote())
 
+
+
+@router.get("/metrics/targets")
+@_errors_as_responses
+async def metrics_targets(request: Request) -> Response:
+    _gateway(request)
+    return JSONResponse([g.model_dump() for g in await scrape_targets()])

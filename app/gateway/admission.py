@@ -44,22 +44,24 @@ class Admission:
     @asynccontextmanager
     async def admit(self, tenant: Tenant, estimated_tokens: int):
         if self.max_in_flight is not None and self.in_flight >= self.max_in_flight:
-            raise Overloaded(f"the service is at capacity ({self.in_flight} requests in flight); retry shortly", retry_after_s=1.0)
+            raise Overloaded(f"the service is at capacity ({self.in_flight} requests in flight); retry shortly", retry_after_s=1.0,
+                             reason="gateway_capacity")
         st = self._bucket(tenant)
         if st.in_flight >= tenant.max_concurrency:
             raise RateLimited(
                 f"tenant {tenant.name!r} has {st.in_flight} requests in flight (limit {tenant.max_concurrency}); retry later",
-                retry_after_s=1.0,
+                retry_after_s=1.0, reason="concurrency",
             )
         if tenant.tokens_per_minute:
             if estimated_tokens > tenant.tokens_per_minute:
                 raise RateLimited(
                     f"request needs ~{estimated_tokens} tokens, above the tenant's budget of "
-                    f"{tenant.tokens_per_minute} per minute: lower max_tokens or the prompt"
+                    f"{tenant.tokens_per_minute} per minute: lower max_tokens or the prompt", reason="request_too_large",
                 )
             if st.tokens < estimated_tokens:
                 wait = (estimated_tokens - st.tokens) / (tenant.tokens_per_minute / 60.0)
-                raise RateLimited(f"tenant {tenant.name!r} token budget exhausted; retry later", retry_after_s=wait)
+                raise RateLimited(f"tenant {tenant.name!r} token budget exhausted; retry later", retry_after_s=wait,
+                                  reason="token_budget")
             st.tokens -= estimated_tokens
         st.in_flight += 1
         self.in_flight += 1

@@ -3,14 +3,15 @@
 Per request: authenticate the bearer key (401), resolve the adapter from the route or ``model``
 (404 unknown, 403 not this tenant's), admit against the tenant's limits (429), then dispatch to the
 engine deployment through its Serve handle and relay the answer (JSON or SSE). All errors leave
-through ``app.errors.error_response``.
+through ``app.errors``. Each request is measured and logged by ``app.observability.gateway``
+(outcome, duration, queue time, admission rejections) under its request id, which the engine
+receives in ``RequestMeta``. The public port serves no metrics (see ``app.observability``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import time
 from contextlib import AsyncExitStack
 from typing import Any
 
@@ -20,15 +21,19 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from adapters_registry.errors import RegistryError
-from app import metrics
+from app import request_ids
 from app.config import AppConfig
 from app.errors import (
     BadRequest,
     Forbidden,
     NotFound,
     NotReady,
+    Overloaded,
+    RateLimited,
     error_response,
+    install_handlers,
     json_error,
+    with_request_id,
 )
 from app.gateway import admin_routes, request_limits
 from app.gateway.admission import Admission
@@ -39,10 +44,15 @@ from app.gateway.openai_bodies import (
     GatewayFields,
     openapi_body,
 )
+from app.gateway.request_context import RequestIdMiddleware
 from app.gateway.tenants import Tenant, TenantDirectory
+from app.observability.gateway import CLIENT_CLOSED, GatewayRecorder, GatewayRequest
+from app.request_meta import RequestMeta
 
 api = FastAPI(title="loraplex", description="Multi-tenant LoRA serving for MoE LLMs")
 api.include_router(admin_routes.router)
+api.add_middleware(RequestIdMiddleware)
+install_handlers(api)
 READY_TIMEOUT_S = 30.0
 DEFAULT_MAX_TOKENS = 256
 REPLICA_HEADER = "x-loraplex-replica"  # which engine replica answered (operators, routing tests)
@@ -79,6 +89,7 @@ class Gateway:
         self.store = open_store(self.cfg.resolved_store_uri(), self.cfg.s3_endpoint_url)
         self.catalog = AdapterCatalog(self.store)
         self.admission = Admission(self.cfg.max_in_flight_per_gateway)
+        self.recorder = GatewayRecorder(self.cfg.observability)
         admin_routes.bind_gateway(self)
 
     # ---- routes -------------------------------------------------------------------------------
@@ -126,43 +137,47 @@ class Gateway:
             return error_response(NotReady(f"engine not ready: {type(exc).__name__}: {exc}"))
         return JSONResponse({"status": "ready"})
 
-    @api.get("/metrics")
-    async def prometheus(self) -> Response:
-        body, content_type = metrics.render()
-        return Response(body, media_type=content_type)
-
     # ---- request path -------------------------------------------------------------------------
     async def _handle(self, request: Request, kind: str, route_adapter: str | None) -> Response:
-        started = time.monotonic()
-        tenant_name, adapter_label, status = "-", route_adapter or "-", 500
+        obs = self.recorder.request(kind, request_ids.current() or request_ids.new_id())
+        status, reason = 500, None
         try:
             request_limits.check_headers(request, self.cfg.max_header_bytes)
             tenant = self.tenants.authenticate(request.headers.get("authorization"))
-            tenant_name = tenant.name
+            obs.tenant = tenant.name
             body = await request_limits.json_object(request, self.cfg.max_request_bytes)
             fields = GatewayFields.of(body)
             adapter_id = route_adapter or fields.model
             if not adapter_id:
                 raise BadRequest(f"missing 'model': use '{self.base_name}' or an adapter id")
             manifest = None if adapter_id == self.base_name else await self._authorize(tenant, adapter_id)
-            adapter_label = adapter_id
+            obs.adapter = adapter_id
             body.pop("model", None)
+            meta = RequestMeta(request_id=obs.request_id, tenant=tenant.name, adapter=adapter_id).model_dump()
             engine = self.engine.options(multiplexed_model_id=adapter_id if manifest else "")
             if fields.stream:
                 # The admission slot is held until the stream ends, not until the response starts.
+                obs.stream = True
                 admitted = AsyncExitStack()
                 await admitted.enter_async_context(self.admission.admit(tenant, _estimate_tokens(body, fields)))
-                response = await self._stream(engine, kind, body, manifest, admitted)
+                obs.dispatched()
+                response = await self._stream(engine, kind, body, manifest, meta, admitted, obs)
             else:
                 async with self.admission.admit(tenant, _estimate_tokens(body, fields)):
-                    response = _engine_response(await engine.generate.remote(kind, body, manifest))
+                    obs.dispatched()
+                    out = await engine.generate.remote(kind, body, manifest, meta)
+                    obs.replica = out["replica"]
+                    response = _engine_response(out)
             status = response.status_code
             return response
         except Exception as exc:
-            status = getattr(exc, "http_status", 500)
+            status, reason = getattr(exc, "http_status", 500), getattr(exc, "reason", type(exc).__name__)
+            if isinstance(exc, (RateLimited, Overloaded)):
+                obs.rejected(reason)
             return error_response(exc)
         finally:
-            metrics.observe_request(tenant_name, adapter_label, kind, status, time.monotonic() - started)
+            if not (obs.stream and status == 200):  # a stream that started finishes in its relay
+                obs.finish(status, reason)
 
     async def _authorize(self, tenant: Tenant, adapter_id: str) -> dict:
         """Latest manifest (as a dict) if the tenant may call the adapter; 404 / 403 otherwise."""
@@ -177,29 +192,36 @@ class Gateway:
         return manifest.model_dump(mode="json")
 
     async def _stream(
-        self, engine: DeploymentHandle, kind: str, body: dict, manifest: dict | None, admitted: AsyncExitStack
+        self, engine: DeploymentHandle, kind: str, body: dict, manifest: dict | None, meta: dict,
+        admitted: AsyncExitStack, obs: GatewayRequest,
     ) -> Response:
-        """Relays the engine's SSE stream; ``admitted`` (the admission slot) closes when it ends."""
+        """Relays the engine's SSE stream; ``admitted`` (the admission slot) closes when it ends,
+        and ``obs`` records the stream's outcome then."""
         try:
-            gen = engine.options(stream=True).generate_stream.remote(kind, body, manifest)
+            gen = engine.options(stream=True).generate_stream.remote(kind, body, manifest, meta)
             head = await gen.__anext__()
         except BaseException:
             await admitted.aclose()
             raise
+        obs.replica = head["replica"]
         if head["status"] != 200:
             await admitted.aclose()
             return _engine_response(head)
         headers = {REPLICA_HEADER: head["replica"]}
 
         async def relay():
+            status = CLIENT_CLOSED  # unless the stream ends first
             try:
                 async for item in gen:
                     if isinstance(item, dict):  # an error after the stream started
-                        yield f"data: {json.dumps(item['body'])}\n\n"
+                        status = item["status"]
+                        yield f"data: {json.dumps(with_request_id(item['body'], obs.request_id))}\n\n"
                         yield "data: [DONE]\n\n"
                         return
                     yield item
+                status = 200
             finally:
                 await admitted.aclose()
+                obs.finish(status)
 
         return StreamingResponse(relay(), media_type="text/event-stream", headers=headers)

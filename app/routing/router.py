@@ -12,6 +12,7 @@ stick to the replica that is loading it.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -26,6 +27,7 @@ from ray.serve.request_router import (
 from app.routing.placement import ReplicaView, rank_replicas
 
 RECENT_S = 5.0
+logger = logging.getLogger(__name__)
 
 
 class AdapterAffinityRouter(FIFOMixin, RequestRouter):
@@ -59,5 +61,7 @@ class AdapterAffinityRouter(FIFOMixin, RequestRouter):
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any) -> None:
         adapter_id = pending_request.metadata.multiplexed_model_id
+        logger.debug("request %s (adapter %r) routed to %s", pending_request.metadata.request_id,
+                     adapter_id, replica_id.unique_id)
         if adapter_id:
             self._recent.setdefault(adapter_id, {})[replica_id] = time.monotonic()

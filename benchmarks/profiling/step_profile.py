@@ -146,7 +146,7 @@ def print_tables(title: str, steps: int, columns: dict[str, tuple[dict, float]],
     the first the run with adapters, the last the baseline "added" is measured against."""
     labels = list(columns)
     fams = {c: per_step_families(columns[c][0], steps) for c in labels}
-    first, last = fams[labels[0]], fams[labels[-1]]
+    first = fams[labels[0]]
     print(f"\n{title}; ms per step ({steps} steps)")
     print("| family | " + " | ".join(labels) + " | added |")
     print("|---|" + "---|" * (len(labels) + 1))

@@ -1,4 +1,4 @@
-"""``benchmarks.http``: the generator at its tiniest settings against the real stack
+"""``benchmarks.loadgen``: the generator at its tiniest settings against the real stack
 (conftest's ``serve_stack``: every request served with exactly the requested tokens, timings
 consistent, the JSON report round-trips), and its token accounting on hand-made streams."""
 
@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.http.client import run
-from benchmarks.http.report import print_table, read_report, write_report
-from benchmarks.http.spec import BenchReport, LoadSpec, RequestRecord, TargetSpec
-from benchmarks.http.sse import StreamState, finish_record
-from benchmarks.http.vllm_bench import vllm_bench_plan
-from benchmarks.http.workload import model_vocab
+from benchmarks.loadgen.client import run
+from benchmarks.loadgen.report import print_table, read_report, write_report
+from benchmarks.loadgen.spec import BenchReport, LoadSpec, RequestRecord, TargetSpec
+from benchmarks.loadgen.sse import StreamState, finish_record
+from benchmarks.loadgen.vllm_bench import vllm_bench_plan
+from benchmarks.loadgen.workload import model_vocab
 
 BASE = "loraplex-base"
 ADAPTER = "acme-support"

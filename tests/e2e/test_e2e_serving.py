@@ -166,8 +166,6 @@ def test_responses_name_the_engine_replica(serve_stack):
 def test_health_and_readiness(serve_stack):
     assert httpx.get(serve_stack.base_url + "/healthz").status_code == 200
     assert httpx.get(serve_stack.base_url + "/readyz", timeout=60).json() == {"status": "ready"}
-    metrics = httpx.get(serve_stack.base_url + "/metrics").text
-    assert "loraplex_requests_total" in metrics
 
 
 def test_admin_api_needs_an_operator_and_shows_residency(serve_stack):

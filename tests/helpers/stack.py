@@ -47,11 +47,13 @@ class Stack:
             return ""
 
 
-def write_config(dest: Path, port: int, args_update: dict) -> Path:
-    """deploy/config.yaml with another port and ``args`` merged with ``args_update``."""
-    cfg = yaml.safe_load((REPO / "deploy" / "config.yaml").read_text())
-    cfg["http_options"]["port"] = port
-    args = cfg["applications"][0]["args"]
+def write_config(dest: Path, port: int, args_update: dict,
+                 source: Path = REPO / "deploy" / "config.yaml") -> Path:
+    """``source`` (a Serve config) with another port and its first application's ``args`` merged
+    with ``args_update`` (a dict value updates the dict it replaces, anything else replaces)."""
+    cfg = yaml.safe_load(Path(source).read_text())
+    cfg.setdefault("http_options", {})["port"] = port
+    args = cfg["applications"][0].setdefault("args", {})
     for key, value in args_update.items():
         if isinstance(value, dict) and isinstance(args.get(key), dict):
             args[key].update(value)

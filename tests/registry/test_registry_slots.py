@@ -26,6 +26,7 @@ from benchmarks.synthetic_adapters import synthetic_adapter
 from tests.helpers.aio import asynctest
 from tests.helpers.assets import publish_synthetic
 from tests.helpers.engines import RecordingEngine
+from tests.helpers.registry_events import EventLog
 
 
 def publish_n(store, base, tmp_path, n) -> list[AdapterManifest]:
@@ -190,28 +191,26 @@ async def test_more_adapters_than_slots_under_concurrency(store, base, tmp_path)
 
 
 @asynctest
-async def test_metrics_per_tier(store, base, tmp_path):
-    from prometheus_client import REGISTRY
-
-    def val(name, **labels):
-        return REGISTRY.get_sample_value(name, labels) or 0.0
-
+async def test_events_per_tier(store, base, tmp_path):
+    """Lookups, loads, evictions, cache bytes and residency reach the observer, per tier."""
     ms = publish_n(store, base, tmp_path, 2)
-    before = {
-        "disk_miss": val("loraplex_adapter_lookups_total", tier="disk", result="miss"),
-        "engine_hit": val("loraplex_adapter_lookups_total", tier="engine", result="hit"),
-        "engine_evict": val("loraplex_adapter_evictions_total", tier="engine"),
-        "disk_loads": val("loraplex_adapter_load_seconds_count", tier="disk"),
-    }
-    engine, cache, slots = make(tmp_path, 1)
+    log = EventLog()
+    engine = RecordingEngine(1)
+    cache = AdapterCache(tmp_path / "cache", 10**9, observer=log)
+    slots = AdapterSlots(engine, cache, 1, observer=log)
     for m in (ms[0], ms[0], ms[1]):
         async with slots.use(store, m):
             pass
-    assert val("loraplex_adapter_lookups_total", tier="disk", result="miss") - before["disk_miss"] == 2
-    assert val("loraplex_adapter_lookups_total", tier="engine", result="hit") - before["engine_hit"] == 1
-    assert val("loraplex_adapter_evictions_total", tier="engine") - before["engine_evict"] == 1
-    assert val("loraplex_adapter_load_seconds_count", tier="disk") - before["disk_loads"] == 2
-    assert val("loraplex_adapter_cache_bytes") == cache.used_bytes > 0
+    assert [e[2] for e in log.named("lookup", "engine")] == [False, True, False]
+    assert [e[2] for e in log.named("lookup", "disk")] == [False, False]
+    assert len(log.named("loaded", "disk")) == 2 and len(log.named("loaded", "engine")) == 2
+    assert all(e[2] > 0 for e in log.named("loaded"))
+    assert log.named("evicted", "engine") == [("evicted", "engine")] and not log.named("evicted", "disk")
+    assert log.named("cache_bytes")[-1] == ("cache_bytes", cache.used_bytes) and cache.used_bytes > 0
+    # residency at start and after each change: empty; ad0 loaded; ad0 evicted; ad1 loaded
+    assert log.named("residency") == [("residency", (), 1), ("residency", ("ad0",), 1), ("residency", (), 1),
+                                      ("residency", ("ad1",), 1)]
+    assert not log.named("failed")
 
 
 @asynctest

@@ -281,3 +281,11 @@ def test_adapter_for_another_base_refused(store, assets, tmp_path):
     )
     with pytest.raises(AdapterInvalid, match="another base model"):
         store.publish(assets["attn"], "a1", "acme", other)
+
+
+def test_publish_reports_upload_progress_in_bytes(store, assets, base):
+    """The bytes reported add up to the published (normalised) files, against their total."""
+    calls = []
+    m = store.publish(assets["experts3d"], "acme-progress", "acme", base, progress=lambda n, total: calls.append((n, total)))
+    assert calls and {total for _, total in calls} == {m.total_bytes}
+    assert sum(n for n, _ in calls) == m.total_bytes

@@ -227,3 +227,10 @@ async def test_part_hashes_verified_streamed_and_ranged(concurrency, s3, bucket,
     with pytest.raises(AdapterInvalid, match="sha256 mismatch in part 5 of"):
         await cache.ensure_local(store, m)
     assert cache_files(cache) == set()
+
+
+def test_publish_reports_upload_progress_in_bytes(s3, bucket, base):
+    calls = []
+    m = s3_store(s3, bucket).publish(tiny_assets()["attn"], "acme-progress", "acme", base,
+                                     progress=lambda n, total: calls.append((n, total)))
+    assert {total for _, total in calls} == {m.total_bytes} and sum(n for n, _ in calls) == m.total_bytes

@@ -69,7 +69,7 @@ def test_serve_cleanup_removes_only_orphaned_new_shm_segments():
     held.write_bytes(b"x")
     try:
         with open(held, "rb"):  # another user of the segment: it must survive
-            serve_cmd._remove_new_shm(before)
+            serve_cmd.remove_new_shm(before)
         assert not orphan.exists() and held.exists() and old.exists()
     finally:
         for p in (old, orphan, held):

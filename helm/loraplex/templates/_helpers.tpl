@@ -66,7 +66,8 @@ app.config.AppConfig of app.main:build_app.
   "cache_max_bytes" .Values.adapterCache.maxBytes
   "engine" .Values.engine
   "engine_deployment" .Values.engineDeployment
-  "gateway_deployment" .Values.gatewayDeployment -}}
+  "gateway_deployment" .Values.gatewayDeployment
+  "observability" .Values.observability -}}
 {{- if .Values.store.endpointUrl -}}
 {{- $_ := set $args "s3_endpoint_url" .Values.store.endpointUrl -}}
 {{- end -}}

@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 
 import httpx
 
-from benchmarks.http.spec import LoadResult, LoadSpec, RequestRecord
-from benchmarks.http.sse import ERROR_BODY_CHARS, StreamState, finish_record, sse_events
-from benchmarks.http.stats import aggregate
-from benchmarks.http.workload import model_sequence, request_body
+from benchmarks.loadgen.spec import LoadResult, LoadSpec, RequestRecord
+from benchmarks.loadgen.sse import (
+    ERROR_BODY_CHARS,
+    StreamState,
+    finish_record,
+    sse_events,
+)
+from benchmarks.loadgen.stats import aggregate
+from benchmarks.loadgen.workload import model_sequence, request_body
+from benchmarks.progress import progress_bar
 
 
 async def send_one(client: httpx.AsyncClient, spec: LoadSpec, phase: str, index: int,
@@ -56,13 +63,18 @@ async def closed_loop(client: httpx.AsyncClient, spec: LoadSpec, phase: str,
     records in index order and the wall time from the first send to the last end."""
     jobs = iter(enumerate(models))
     records: list[RequestRecord] = []
+    bar = progress_bar(len(models), f"{phase} c={spec.concurrency}")
     t0 = time.perf_counter()
 
     async def worker() -> None:
         for index, adapter in jobs:
             records.append(await send_one(client, spec, phase, index, adapter, t0))
+            bar.update()
 
-    await asyncio.gather(*(worker() for _ in range(min(spec.concurrency, len(models)))))
+    try:
+        await asyncio.gather(*(worker() for _ in range(min(spec.concurrency, len(models)))))
+    finally:
+        bar.close()
     return sorted(records, key=lambda r: r.index), time.perf_counter() - t0
 
 
@@ -85,3 +97,14 @@ async def run_load(spec: LoadSpec) -> LoadResult:
 def run(spec: LoadSpec) -> LoadResult:
     """``run_load`` from synchronous code."""
     return asyncio.run(run_load(spec))
+
+
+def raise_priority() -> bool:
+    """On a machine of few cores a normal-priority client is starved by the engine and sees all
+    tokens at the end; run it real-time when allowed. Called after the stack has started, so the
+    stack keeps its normal priority; children started afterwards (vllm bench) inherit it."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(10))
+        return True
+    except (PermissionError, AttributeError, OSError):
+        return False

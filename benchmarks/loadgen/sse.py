@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from benchmarks.http.spec import RequestRecord
+from benchmarks.loadgen.spec import RequestRecord
 
 ERROR_BODY_CHARS = 2000
 

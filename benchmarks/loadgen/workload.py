@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from benchmarks.http.spec import LoadSpec, TargetSpec, zipf_s
+from benchmarks.loadgen.spec import LoadSpec, TargetSpec, zipf_s
 
 CHAT_WORDS = ("route", "expert", "token", "adapter", "tenant", "model", "batch", "prompt", "cache", "layer")
 

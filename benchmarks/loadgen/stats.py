@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-from benchmarks.http.spec import Percentiles, PhaseAggregate, RequestRecord
+from benchmarks.loadgen.spec import Percentiles, PhaseAggregate, RequestRecord
 
 PERCENTILES = (50, 90, 99)
 

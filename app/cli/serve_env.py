@@ -1,0 +1,50 @@
+"""The environment ``loraplex serve`` starts Ray Serve with: its data path.
+
+``haproxy`` (the default): Ray Serve's high-throughput mode — HAProxy (a C load balancer) instead
+of the Python HTTP proxy in front of the gateway replicas, direct gRPC between the gateway and
+the engine replicas, user code on the replica's own event loop (``RAY_SERVE_ENABLE_HA_PROXY``,
+``RAY_SERVE_THROUGHPUT_OPTIMIZED``). Each token a stream delivers then crosses one Python process
+less. HAProxy's config file and admin socket go under a folder of this run (Serve's defaults are
+fixed paths that two stacks on one machine would share), so do its metrics and stats ports (free
+ports instead of Serve's fixed ones; HAProxy binds them on every interface: they carry replica
+names and request counts, no tenant or adapter), and the draining period Serve keeps a stopping
+ingress replica for an external load balancer is short (HAProxy is Serve's own).
+``python``: Serve's defaults (the Python proxy, Ray's own RPC between replicas). Variables
+already set in the environment win over both.
+"""
+
+from __future__ import annotations
+
+import socket
+import tempfile
+from pathlib import Path
+from typing import Literal
+
+Proxy = Literal["haproxy", "python"]
+PROXIES: tuple[Proxy, ...] = ("haproxy", "python")
+DRAINING_PERIOD_S = "5"
+
+
+def free_port() -> int:
+    """A TCP port free on this machine now."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def serve_env(env: dict[str, str], proxy: Proxy) -> tuple[dict[str, str], Path | None]:
+    """``env`` with the data-path variables of ``proxy`` added where not already set, and the
+    run folder made for HAProxy's files (the caller removes it; None when none was made)."""
+    out = dict(env)
+    run_dir = None
+    out.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # single node: Ray binds loopback
+    if proxy == "haproxy":
+        run_dir = Path(tempfile.mkdtemp(prefix="lpx-haproxy-"))
+        out.setdefault("RAY_SERVE_ENABLE_HA_PROXY", "1")
+        out.setdefault("RAY_SERVE_THROUGHPUT_OPTIMIZED", "1")
+        out.setdefault("RAY_SERVE_HAPROXY_CONFIG_FILE_LOC", str(run_dir / "haproxy.cfg"))
+        out.setdefault("RAY_SERVE_HAPROXY_SOCKET_PATH", str(run_dir / "admin.sock"))
+        out.setdefault("RAY_SERVE_HAPROXY_METRICS_PORT", str(free_port()))
+        out.setdefault("RAY_SERVE_HAPROXY_STATS_PORT", str(free_port()))
+        out.setdefault("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", DRAINING_PERIOD_S)
+    return out, run_dir

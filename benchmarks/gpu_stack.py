@@ -1,0 +1,174 @@
+"""The whole stack comparison in one command: stock vLLM without and with LoRA, ray.serve.llm,
+loraplex through its real serving path, and loraplex's engine alone, side by side in one run.
+
+Systems (each started once, its phases back to back, stopped before the next starts):
+ (a) ``vllm-base``: vLLM's own OpenAI server without LoRA;
+ (b) ``vllm-lora``: the same with the adapters (``--lora-modules``), loraplex's kernels off;
+ (c) ``ray-llm``: ray.serve.llm's ``build_openai_app`` with a ``LoraConfig`` on the local S3
+     (attempted; where it does not import, the error is recorded and the others run);
+ (d) ``loraplex``: ``loraplex serve`` of deploy/h200.yaml with only this host's needs changed
+     (``benchmarks.gpu_stack_parts.serve_config``), tenants reaching the engine through the
+     gateway, the adapter-affinity router and an engine replica pulling adapters from S3;
+ (e) ``engine-alone``: loraplex's engine (the same engine section, its plugin on) driven in
+     process with exactly the same workload (``benchmarks.loadgen.engine_target``).
+Every system gets the engine arguments of loraplex's engine section. Adapters are pushed to a
+local moto S3 server with ``loraplex adapters push`` (each push timed); the stock servers and the
+engine alone read the same files from their folders.
+
+Extra measurements on loraplex: the working set larger than its slots (round-robin and Zipf),
+and cold starts (a fresh adapter pushed while it runs, then the TTFT of its first request and of
+the next); on the engine alone, the routing check (distinct experts per MoE layer per decode
+step, hooks on the routers of an eager engine of the same settings).
+
+Output (``--out``, default the work folder): ``gpu_stack.json`` (every record, the commands,
+versions, start times), ``gpu_stack_table.md`` (the tables, as printed) and ``gpu_stack.png``
+(TTFT p50 and output tokens/s per request by concurrency, one line per system). The plan and
+its estimate are printed first (``--dry-run``: only that).
+
+On the GPU host (``scripts/gpu_stack.sh`` sets the environment up and runs this):
+    python3 -m benchmarks.gpu_stack [--plan default|full] [--model gptoss-mxfp4|gptoss]
+On any machine, the CPU stack at tiny settings:
+    python -m benchmarks.gpu_stack --model embedded --plan tiny
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if not __package__:  # run as a file: the checkout's packages by their full names
+    sys.path.insert(0, str(REPO))
+
+from benchmarks.gpu_stack_parts.assets import (
+    MODELS,
+    prepare_model,
+    write_adapters,
+    write_tenants,
+)
+from benchmarks.gpu_stack_parts.host import host_info
+from benchmarks.gpu_stack_parts.models import StackReport
+from benchmarks.gpu_stack_parts.output import write_outputs
+from benchmarks.gpu_stack_parts.plan import (
+    PLANS,
+    SYSTEMS,
+    build_plan,
+    estimate,
+    format_plan,
+    tenant_of,
+)
+from benchmarks.gpu_stack_parts.pushes import local_s3, push
+from benchmarks.gpu_stack_parts.runner import Context, run_plan
+from benchmarks.gpu_stack_parts.serve_config import (
+    host_config,
+    stock_engine_args,
+    write_yaml,
+)
+
+PUSH_BATCH = 8
+PUSH_WORKERS = 4  # pushes at once while the plan's adapters are prepared (a cold start's runs alone)
+CACHE_SHARE_OF_FREE_DISK = 0.8
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=MODELS[0], choices=MODELS,
+                    help="GPT-OSS-20B shape with random weights (MXFP4 experts as released, or bf16), or the embedded CPU model")
+    ap.add_argument("--plan", default=None, choices=PLANS, help="default: 'default' on a GPU model, 'tiny' on embedded")
+    ap.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated subset of {','.join(SYSTEMS)}")
+    ap.add_argument("--workdir", default=None, help="model, adapters, configs, logs (default: a new temporary folder)")
+    ap.add_argument("--out", default=None, help="where the JSON, the tables and the plot go (default: the work folder)")
+    ap.add_argument("--s3-in-memory", action="store_true", help="the S3 server keeps objects in memory, not on disk")
+    ap.add_argument("--timeout", type=float, default=900.0, help="read timeout of one request, seconds")
+    ap.add_argument("--dry-run", action="store_true", help="print the plan and its estimate only")
+    return ap
+
+
+def prepare_adapters(ctx: Context) -> None:
+    """Every adapter of the plan written and pushed; folders the stock servers and the engine
+    alone do not read are removed once pushed (only the store keeps them)."""
+    local = ctx.plan.families(("vllm-lora", "ray-llm", "engine-alone"))
+    root = ctx.workdir / "adapters"
+    for rank, count in sorted(ctx.plan.families().items()):
+        for start in range(0, count, PUSH_BATCH):
+            indices = list(range(start, min(start + PUSH_BATCH, count)))
+            folders = write_adapters(ctx.assets, root, rank, indices, expert_lora=ctx.plan.workload.expert_lora)
+            with ThreadPoolExecutor(PUSH_WORKERS if ctx.assets.gpu else 1) as pool:
+                records = list(pool.map(push, [ctx] * len(indices), folders.values(), folders.keys(),
+                                        map(tenant_of, indices), [rank] * len(indices)))
+            for i, (adapter, folder), rec in zip(indices, folders.items(), records):
+                ctx.pushes.append(rec)
+                print(f"push {adapter} ({rec.tenant}): {'ok' if rec.ok else 'FAILED'} in {rec.seconds:.1f} s"
+                      + ("" if rec.ok else f": {rec.output}"), flush=True)
+                if not rec.ok:
+                    raise SystemExit(f"loraplex adapters push failed for {adapter}: {rec.output}")
+                if i < local.get(rank, 0):
+                    ctx.adapters[adapter] = folder
+                else:
+                    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _stop_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)  # unwinds the launchers and the S3 server: nothing is left running
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    systems = tuple(s for s in args.systems.split(",") if s)
+    if unknown := [s for s in systems if s not in SYSTEMS]:
+        raise SystemExit(f"unknown systems {unknown}; choose among {','.join(SYSTEMS)}")
+    plan = build_plan(args.plan or ("tiny" if args.model == "embedded" else "default"), args.model, systems)
+    print(format_plan(plan), flush=True)
+    if args.dry_run:
+        return 0
+    t0 = time.perf_counter()
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="loraplex-gpu-stack-")).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    report = StackReport(date=time.strftime("%Y-%m-%d %H:%M:%S %Z"), command=shlex.join([sys.executable, *sys.argv]),
+                         plan=plan.model_dump(), estimate_s=sum(s for _, s in estimate(plan)), host=host_info())
+    print(f"host: {report.host}; work folder {workdir}", flush=True)
+    assets = prepare_model(args.model, workdir)
+    tenants = workdir / "tenants.yaml"
+    keys = write_tenants(tenants)
+    from benchmarks.loadgen.client import raise_priority
+    from benchmarks.loadgen.workload import model_vocab
+
+    vocab, special = model_vocab(assets.model_dir)
+    with local_s3(workdir, args.s3_in_memory) as store:
+        cfg = host_config(assets, workdir, store.uri, store.endpoint, tenants, None)
+        ctx = Context(plan=plan, workdir=workdir, assets=assets, serve_config=workdir / "loraplex-h200.yaml",
+                      serve_cfg=cfg, engine_args={}, store=store, keys=keys, adapters={}, vocab=vocab,
+                      special=special, host=report.host, timeout_s=args.timeout)
+        try:
+            t_push = time.perf_counter()
+            prepare_adapters(ctx)
+            print(f"adapters written and pushed in {time.perf_counter() - t_push:.0f} s", flush=True)
+            free = shutil.disk_usage(workdir).free
+            ctx.serve_cfg = host_config(assets, workdir, store.uri, store.endpoint, tenants,
+                                        int(free * CACHE_SHARE_OF_FREE_DISK))
+            write_yaml(ctx.serve_cfg, ctx.serve_config)
+            ctx.engine_args = report.engine = stock_engine_args(ctx.serve_cfg)
+            print(f"engine arguments of every system: {ctx.engine_args}", flush=True)
+            fifo = raise_priority()  # the servers are started at the normal policy by their launchers
+            report.notes.append(f"load generator priority: {'SCHED_FIFO' if fifo else 'normal'}")
+            report.systems = run_plan(ctx)
+        finally:
+            report.pushes = ctx.pushes
+    report.wall_s = time.perf_counter() - t0
+    print(write_outputs(report, plan, Path(args.out).resolve() if args.out else workdir))
+    print(f"wall time {report.wall_s / 60:.1f} min (estimate {report.estimate_s / 60:.1f} min)")
+    failed = [s.system for s in report.systems if s.system != "ray-llm"
+              and (s.error or any(p.result.aggregate.failures for p in s.phases))]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

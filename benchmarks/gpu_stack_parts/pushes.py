@@ -1,0 +1,79 @@
+"""The adapter store of the run: a moto S3 server on 127.0.0.1 (a child process), and adapters
+published to it with ``loraplex adapters push``, each timed.
+
+moto keeps an object in memory up to ``MOTO_S3_DEFAULT_KEY_BUFFER_SIZE`` bytes and in a
+temporary file beyond; its temporary files go under the run's folder (``in_memory``: objects
+stay in memory, for hosts with more memory than disk).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks.gpu_stack_parts.models import PushRecord
+from benchmarks.stacks.process import base_env
+
+BUCKET = "loraplex-adapters"
+PREFIX = "bench"
+IN_MEMORY_BYTES = 4 << 30
+
+
+@dataclass
+class Store:
+    uri: str
+    endpoint: str
+    env: dict[str, str]  # credentials and endpoint for a child process
+
+
+@contextmanager
+def local_s3(workdir: Path, in_memory: bool = False) -> Iterator[Store]:
+    """moto on a free port with the bucket created; stopped on exit."""
+    from tests.helpers.s3 import S3ServerProcess
+
+    spool = workdir / "s3-objects"
+    spool.mkdir(parents=True, exist_ok=True)
+    saved = {k: os.environ.get(k) for k in ("TMPDIR", "MOTO_S3_DEFAULT_KEY_BUFFER_SIZE")}
+    os.environ["TMPDIR"] = str(spool)  # the server's temporary files (it inherits this environment)
+    if in_memory:
+        os.environ["MOTO_S3_DEFAULT_KEY_BUFFER_SIZE"] = str(IN_MEMORY_BYTES)
+    try:
+        server = S3ServerProcess("moto").__enter__()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    try:
+        server.make_bucket(BUCKET)
+        yield Store(uri=f"s3://{BUCKET}/{PREFIX}", endpoint=server.endpoint,
+                    env={**server.credentials(), "AWS_ENDPOINT_URL": server.endpoint})
+    finally:
+        server.__exit__(None, None, None)
+
+
+def push(ctx, folder: Path, adapter: str, tenant: str, rank: int) -> PushRecord:
+    """``loraplex adapters push`` of one folder into the run's store (validated against the
+    model folder; GPT-OSS's fused 3-D expert layout kept, as vLLM loads it for that model)."""
+    cfg = ctx.serve_cfg["applications"][0]["args"]["engine"]
+    cmd = [sys.executable, "-m", "app.cli.main", "adapters", "push", str(folder), "--id", adapter, "--tenant", tenant,
+           "--store", ctx.store.uri, "--endpoint-url", ctx.store.endpoint, "--base-model", str(ctx.assets.model_dir),
+           "--max-lora-rank", str(cfg["max_lora_rank"])]
+    if ctx.assets.gpu:
+        cmd.append("--keep-layout")
+    t0 = time.perf_counter()
+    r = subprocess.run(cmd, check=False, env=base_env(ctx.store.env), capture_output=True, text=True)
+    seconds = time.perf_counter() - t0
+    lines = [line for line in (r.stdout + r.stderr).splitlines() if line.strip()]
+    last = lines[-1] if lines else ""
+    size = re.search(r"(\d+) bytes\)", last)
+    return PushRecord(adapter=adapter, tenant=tenant, rank=rank, seconds=seconds, ok=r.returncode == 0,
+                      bytes=int(size.group(1)) if size else None, output=last[:500])

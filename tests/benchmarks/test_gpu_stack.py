@@ -1,0 +1,145 @@
+"""``benchmarks/gpu_stack.py``: the plans, their order and estimate; the same requests for every
+system; targets without figures print as missing; and the engine-alone target run for real on
+the embedded model (its records: every request's tokens, TTFT within its end-to-end time)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from benchmarks.gpu_stack_parts.models import StackReport
+from benchmarks.gpu_stack_parts.plan import (
+    PROFILES,
+    SYSTEMS,
+    adapter_bytes,
+    build_plan,
+    estimate,
+    format_plan,
+    phase_s,
+)
+from benchmarks.gpu_stack_parts.targets import targets_table
+from benchmarks.loadgen.spec import LoadSpec, TargetSpec
+from benchmarks.loadgen.workload import model_sequence, prompt_ids
+
+
+def test_each_system_starts_once_in_order_with_the_seed_phase_first():
+    for name, model in (("tiny", "embedded"), ("default", "gptoss-mxfp4"), ("full", "gptoss")):
+        plan = build_plan(name, model)
+        assert [b.system for b in plan.blocks] == list(SYSTEMS)
+        seed = f"c{plan.workload.concurrency}"
+        for b in plan.blocks:
+            names = [p.name for p in b.phases]
+            assert names[0] == seed and len(set(names)) == len(names)
+            assert all(p.adapters == 0 for p in b.phases) == (b.system == "vllm-base")
+        lp = next(b for b in plan.blocks if b.system == "loraplex")
+        sets = [p for p in lp.phases if p.name.startswith("ws")]
+        assert sets and all(p.adapters > plan.workload.slots for p in sets)
+        assert {p.popularity.split(":")[0] for p in sets} == {"round-robin", "zipf"}
+        assert lp.cold_starts >= 1 and next(b for b in plan.blocks if b.system == "engine-alone").route_check
+
+
+def test_the_default_plan_is_the_seed_workload_and_full_adds_the_variants():
+    default, full = build_plan("default", "gptoss-mxfp4"), build_plan("full", "gptoss-mxfp4")
+    w = default.workload
+    assert (w.input_len, w.output_len, w.concurrency, w.adapters, w.rank, w.slots) == (1600, 600, 16, 8, 32, 8)
+    assert {p.concurrency for b in default.blocks for p in b.phases} == {16}
+    assert {p.concurrency for b in full.blocks for p in b.phases} == {1, 4, 16, 64}
+    assert full.families() == {16: 8, 32: 64, 64: 8}
+    assert full.families(("vllm-lora", "engine-alone")) == {16: 8, 32: 8, 64: 8}
+    assert default.families() == {32: 16}
+
+
+def test_plans_restricted_and_mismatched():
+    plan = build_plan("default", "gptoss", ("engine-alone", "loraplex"))
+    assert [b.system for b in plan.blocks] == ["loraplex", "engine-alone"]
+    with pytest.raises(ValueError):
+        build_plan("tiny", "gptoss")
+    with pytest.raises(ValueError):
+        build_plan("default", "embedded")
+
+
+def test_the_estimate_adds_up_and_orders_the_plans():
+    default, full = build_plan("default", "gptoss-mxfp4"), build_plan("full", "gptoss-mxfp4")
+    steps = estimate(default)
+    assert [s for s, _ in steps][2:] == [*SYSTEMS, "engine-alone routing check"]
+    assert all(t > 0 for _, t in steps)
+    assert sum(t for _, t in estimate(full)) > 2 * sum(t for _, t in steps)
+    assert 5 * 60 < sum(t for _, t in steps) < 15 * 60  # "about 10 minutes on one H200"
+    text = format_plan(default)
+    assert "estimate:" in text and "total" in text and "adapter bytes" in text
+    # a phase: its waves of prefill and decode, plus the warm-up's
+    lora = next(b for b in default.blocks if b.system == "vllm-lora").phases[0]
+    prof = PROFILES["gpu"]
+    one = lora.concurrency * lora.input_len / prof.prefill_tok_s
+    assert phase_s(lora, prof) == pytest.approx(
+        (one + 16 * prof.lora_step_ms / 1e3) + lora.requests / lora.concurrency * (one + 600 * prof.lora_step_ms / 1e3))
+
+
+def test_adapter_bytes_scale_with_rank():
+    assert adapter_bytes(64) == 2 * adapter_bytes(32) == 4 * adapter_bytes(16)
+    assert 700 < adapter_bytes(32) / 2**20 < 710
+    assert adapter_bytes(32, expert_lora=False) < adapter_bytes(32) / 10
+
+
+def test_every_system_gets_the_same_requests_of_a_phase():
+    from benchmarks.gpu_stack_parts.runner import Context, load_specs
+
+    plan = build_plan("default", "gptoss")
+    ctx = Context(plan=plan, workdir=Path("."), assets=None, serve_config=Path("x"), serve_cfg={}, engine_args={},
+                  store=None, keys={}, adapters={}, vocab=1000, special=[0, 1], host={}, timeout_s=60)
+    phase = next(b for b in plan.blocks if b.system == "vllm-lora").phases[0]
+    specs = [load_specs(ctx, phase, TargetSpec(name=n, base_url="http://x")) for n in ("vllm-lora", "engine-alone")]
+    (wa, ma), (wb, mb) = specs
+    for a, b in ((wa, wb), (ma, mb)):
+        assert [prompt_ids(a, "measure", i) for i in range(3)] == [prompt_ids(b, "measure", i) for i in range(3)]
+        seq = model_sequence(a, "measure", a.num_requests, a.popularity)
+        assert seq == model_sequence(b, "measure", b.num_requests, b.popularity)
+    assert ma.seed != wa.seed and wa.output_len < ma.output_len and wa.num_requests == phase.warmup
+    assert prompt_ids(ma, "measure", 0) != prompt_ids(wa, "measure", 0)
+
+
+def test_targets_without_figures_print_as_missing():
+    plan = build_plan("default", "gptoss")
+    report = StackReport(date="now", command="x", plan={}, estimate_s=0)
+    rows = targets_table(report, plan)[2:]
+    assert len(rows) == 8
+    assert all(r.endswith("| missing |") for r in rows)
+
+
+@pytest.mark.e2e
+def test_engine_alone_target_measures_every_request(loraplex_home, embedded_model_dir, tmp_path):
+    from adapters_registry.stores import open_store
+    from benchmarks.gpu_stack_parts.engine_alone import EngineJob, JobPhase
+    from benchmarks.gpu_stack_parts.systems import run_engine_child
+    from benchmarks.loadgen.workload import model_vocab
+
+    adapter = "acme-support"
+    folder = loraplex_home / "store" / adapter / str(open_store((loraplex_home / "store").as_uri()).get(adapter).version)
+    engine = {"model": str(embedded_model_dir), "dtype": "float32", "max_model_len": 256, "max_num_seqs": 4,
+              "max_loras": 1, "max_cpu_loras": 1, "max_lora_rank": 8,
+              "lora_target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"], "cpu_kvcache_space_gib": 1}
+    config = tmp_path / "serve.yaml"
+    config.write_text(yaml.safe_dump({"applications": [{"name": "x", "import_path": "app.main:build_app",
+                                                        "args": {"engine": engine}}]}))
+    vocab, special = model_vocab(embedded_model_dir)
+    spec = LoadSpec(target=TargetSpec(name="engine-alone", base_url="in-process", base_model="loraplex-base"),
+                    adapters=[adapter], input_len=8, output_len=6, concurrency=2, num_requests=4, warmup_requests=2,
+                    vocab_size=vocab, exclude_token_ids=special, temperature=1.0)
+    job = EngineJob(serve_config=config, adapters={adapter: folder},
+                    phases=[JobPhase(name="c2", warmup=spec.model_copy(update={"output_len": 2}), measure=spec)])
+    out, child = run_engine_child(tmp_path, "engine-alone", job, {"LORAPLEX_HOME": str(loraplex_home)})
+    assert out.error is None, out.error
+    assert out.start_s and out.start_s > 0 and child.pids() == []
+    (phase,) = out.phases
+    assert phase.warmup_requests == 4 and phase.warmup_failures == 0
+    r = phase.result
+    assert r.system == "engine-alone" and r.warmup_requests == 2 and r.warmup_failures == 0
+    assert [x.adapter for x in r.records] == [None, adapter, None, adapter]
+    for x in r.records:
+        assert x.ok and x.error is None and x.status is None
+        assert x.output_tokens == 6 and x.prompt_tokens == 8 and x.token_source == "usage-per-chunk"
+        assert 0 < x.ttft_ms <= x.e2e_ms and len(x.itl_ms) == 5 and x.tpot_ms > 0
+    a = r.aggregate
+    assert a.requests == 4 and a.failures == 0 and a.token_mismatches == 0 and a.output_throughput_tok_s > 0
