@@ -16,7 +16,7 @@ from contextlib import AsyncExitStack
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
@@ -33,7 +33,6 @@ from app.errors import (
     error_response,
     install_handlers,
     json_error,
-    with_request_id,
 )
 from app.gateway import admin_routes, request_limits
 from app.gateway.admission import Admission
@@ -45,8 +44,9 @@ from app.gateway.openai_bodies import (
     openapi_body,
 )
 from app.gateway.request_context import RequestIdMiddleware
+from app.gateway.stream_relay import RelayResponse, StreamRelay
 from app.gateway.tenants import Tenant, TenantDirectory
-from app.observability.gateway import CLIENT_CLOSED, GatewayRecorder, GatewayRequest
+from app.observability.gateway import GatewayRecorder, GatewayRequest
 from app.request_meta import RequestMeta
 
 api = FastAPI(title="loraplex", description="Multi-tenant LoRA serving for MoE LLMs")
@@ -195,33 +195,18 @@ class Gateway:
         self, engine: DeploymentHandle, kind: str, body: dict, manifest: dict | None, meta: dict,
         admitted: AsyncExitStack, obs: GatewayRequest,
     ) -> Response:
-        """Relays the engine's SSE stream; ``admitted`` (the admission slot) closes when it ends,
-        and ``obs`` records the stream's outcome then."""
+        """Relays the engine's SSE stream (``app.gateway.stream_relay``): ``admitted`` (the
+        admission slot) closes and ``obs`` records the outcome when it ends, whichever way."""
         try:
             gen = engine.options(stream=True).generate_stream.remote(kind, body, manifest, meta)
             head = await gen.__anext__()
         except BaseException:
+            if "gen" in locals():
+                gen.cancel()  # the client went away while the head was awaited: vLLM aborts
             await admitted.aclose()
             raise
         obs.replica = head["replica"]
         if head["status"] != 200:
             await admitted.aclose()
             return _engine_response(head)
-        headers = {REPLICA_HEADER: head["replica"]}
-
-        async def relay():
-            status = CLIENT_CLOSED  # unless the stream ends first
-            try:
-                async for item in gen:
-                    if isinstance(item, dict):  # an error after the stream started
-                        status = item["status"]
-                        yield f"data: {json.dumps(with_request_id(item['body'], obs.request_id))}\n\n"
-                        yield "data: [DONE]\n\n"
-                        return
-                    yield item
-                status = 200
-            finally:
-                await admitted.aclose()
-                obs.finish(status)
-
-        return StreamingResponse(relay(), media_type="text/event-stream", headers=headers)
+        return RelayResponse(StreamRelay(gen, admitted, obs), {REPLICA_HEADER: head["replica"]})

@@ -92,6 +92,9 @@ def _residencies() -> list[dict]:
                 view = {"replica": actor["name"].removeprefix(ENGINE_PREFIX), "error": str(exc)[-2000:]}
         except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
             continue  # stopped between listing and calling: not a live replica
+        except ray.exceptions.GetTimeoutError:  # alive but not answering (its engine just died, say)
+            out.append({"replica": actor["name"].removeprefix(ENGINE_PREFIX), "error": "no answer within 60 s"})
+            continue
         out.append({**view, "pid": pid})
     return sorted(out, key=lambda v: v["replica"])
 
