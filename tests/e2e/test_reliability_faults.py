@@ -126,7 +126,8 @@ def test_invalid_tenants_file_keeps_the_old_table(serve_stack):
     finally:
         path.write_bytes(good)
     logs = Path(serve_stack.env["RAY_TMPDIR"]) / "ray" / "session_latest" / "logs"
-    assert any("not reloaded" in p.read_text(errors="replace") for p in logs.rglob("*") if p.is_file()), \
+    files = [serve_stack.log_path] + [p for p in logs.rglob("*") if p.is_file()]
+    assert any("not reloaded" in p.read_text(errors="replace") for p in files), \
         "the refused tenants file is not in the stack's logs"
     r = httpx.post(serve_stack.base_url + "/v1/completions", headers=serve_stack.headers("acme"), json=base, timeout=120)
     assert r.status_code == 200
