@@ -199,9 +199,9 @@ def test_new_version_mid_stream_and_no_prefix_reuse_across_versions(serve_stack,
     store = open_store(serve_stack.store_uri, serve_stack.s3_endpoint)
     base = BaseModelInfo.from_model_dir(embedded_model_dir)
     m2 = store.publish(folders[2], aid, "acme", base)  # as `loraplex adapters push` does
+    assert streamer.is_alive(), "the v1 stream ended before v2 was published: nothing was shown mid-stream"
     anchor = {"model": aid, "prompt": PROMPT_A, "max_tokens": 2 * ANCHOR, "temperature": 0, "ignore_eos": True}
     v2 = _until_model(serve_stack, anchor, engine_lora_name(m2))
-    assert streamer.is_alive(), "the v1 stream ended before v2 was served: nothing was shown mid-stream"
     streamer.join(300)
     assert old["s"].status == 200 and old["s"].tokens == ref1.tokens, "the v1 stream must finish on v1's weights"
     assert old["s"].model.startswith(f"{aid}@v1.")
