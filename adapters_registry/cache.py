@@ -29,6 +29,7 @@ from .errors import (
     AdapterInvalid,
     AdapterNotFound,
     CacheFull,
+    CacheUnwritable,
     RegistryError,
     StoreUnavailable,
 )
@@ -225,12 +226,21 @@ class AdapterCache:
             except OSError as e:
                 if e.errno in (errno.ENOSPC, errno.EDQUOT):
                     raise CacheFull(f"disk full under {self.root} while fetching {manifest.lora_name}: free space") from e
+                if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM) and self._is_ours(e.filename):
+                    raise CacheUnwritable(
+                        f"the disk cache under {self.root} is not writable ({e.strerror}) while fetching "
+                        f"{manifest.lora_name}: make it writable or point cache_dir elsewhere"
+                    ) from e
                 last = StoreUnavailable(f"{manifest.lora_name}: I/O error while fetching: {e}")
             finally:
                 await asyncio.to_thread(shutil.rmtree, tmp, True)
             log.warning("fetch of %s failed (attempt %d/%d): %s", manifest.lora_name, attempt + 1, self.attempts, last)
         assert last is not None
         raise last
+
+    def _is_ours(self, filename: str | bytes | None) -> bool:
+        """Whether an ``OSError``'s file lies in this cache (not in a local store)."""
+        return isinstance(filename, str) and Path(filename).is_relative_to(self.root)
 
     def _fetch_into(self, store: AdapterStore, manifest: AdapterManifest, tmp: Path) -> None:
         store.download(manifest, tmp)
@@ -280,8 +290,14 @@ class AdapterCache:
                 "retry later or raise cache_max_bytes",
                 retry_after_s=2.0,
             )
-        if free + sum(v.size for v in victims) < size:
-            raise CacheFull(f"disk under {self.root} has {free} bytes free, {manifest.lora_name} needs {size}")
+        # Downloads in flight will take up to their whole size (counted in full even where part of
+        # it is written already): two concurrent misses must not both start on room for one.
+        if free - self._reserved + sum(v.size for v in victims) < size:
+            raise CacheFull(
+                f"disk under {self.root} has {free} bytes free, {self._reserved} of them promised to downloads in "
+                f"flight; {manifest.lora_name} needs {size}: free disk space or retry later",
+                retry_after_s=2.0,
+            )
         return [t for v in victims if (t := self._unlink_entry(v)) is not None]
 
     def _unlink_entry(self, e: CacheEntry) -> Path | None:

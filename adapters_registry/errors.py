@@ -59,6 +59,12 @@ class CacheFull(RegistryError):
     http_status = 507
 
 
+class CacheUnwritable(RegistryError):
+    """The local disk cache cannot be written (read-only file system, permissions)."""
+
+    http_status = 507
+
+
 class SlotsExhausted(RegistryError):
     """Every engine adapter slot is in use by running requests; retry shortly."""
 

@@ -66,7 +66,7 @@ class AdapterManifest(BaseModel):
 
     @property
     def lora_name(self) -> str:
-        """The engine-side name of this version: ``<adapter_id>@v<version>``."""
+        """This version in the slot table and in messages: ``<adapter_id>@v<version>``."""
         return f"{self.adapter_id}@v{self.version}"
 
     @property

@@ -47,11 +47,21 @@ class EngineLoraOps(Protocol):
 RequestFactory = Callable[[AdapterManifest, int, Path], Any]
 
 
+def engine_lora_name(manifest: AdapterManifest) -> str:
+    """The name the engine knows an adapter version by: ``<id>@v<version>.<digest prefix>``.
+
+    It names the content, not only the version: vLLM 0.24 keys prefix-cache blocks by the LoRA
+    name alone, so other bytes under a reused ``<id>@v<version>`` (a store wiped and re-pushed)
+    would otherwise reuse the old adapter's cached KV blocks.
+    """
+    return f"{manifest.lora_name}.{manifest.content_digest[:12]}"
+
+
 def vllm_lora_request(manifest: AdapterManifest, lora_int_id: int, path: Path) -> Any:
-    """``vllm.lora.request.LoRARequest`` named ``<id>@v<version>``."""
+    """``vllm.lora.request.LoRARequest`` named by :func:`engine_lora_name`."""
     from vllm.lora.request import LoRARequest
 
-    return LoRARequest(lora_name=manifest.lora_name, lora_int_id=lora_int_id, lora_path=str(path))
+    return LoRARequest(lora_name=engine_lora_name(manifest), lora_int_id=lora_int_id, lora_path=str(path))
 
 
 @dataclass

@@ -160,6 +160,12 @@ class AppConfig(_Strict):
         1024, ge=1, description="Requests one gateway replica admits at once before answering 503 (None: unbounded)."
     )
     tenancy: TenancyConfig = Field(default_factory=TenancyConfig, description="Waits at tenant and gateway limits; the cluster-wide quota ledger.")
+    max_request_bytes: int = Field(
+        16 * 2**20, ge=1024, description="Largest OpenAI request body a gateway reads (413 beyond it)."
+    )
+    max_header_bytes: int = Field(
+        64 * 2**10, ge=1024, description="Largest total size of an OpenAI request's headers (431 beyond it)."
+    )
     engine: EngineConfig = Field(default_factory=EngineConfig, description="The vLLM engine of each replica.")
     engine_deployment: DeploymentOptions = Field(
         default_factory=lambda: DeploymentOptions(num_replicas=1), description="Serve options of the engine deployment."

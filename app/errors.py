@@ -72,6 +72,23 @@ class NotReady(LoraplexError):
     error_type = "not_ready"
 
 
+class EngineUnavailable(LoraplexError):
+    """The engine of the replica that took the request died; Serve replaces the replica."""
+
+    http_status = 503
+    error_type = "overloaded_error"
+
+
+class PayloadTooLarge(LoraplexError):
+    http_status = 413
+    error_type = "invalid_request_error"
+
+
+class HeadersTooLarge(LoraplexError):
+    http_status = 431
+    error_type = "invalid_request_error"
+
+
 def error_body(status: int, message: str, error_type: str) -> dict[str, Any]:
     """The OpenAI error JSON: ``{"error": {"message", "type", "code"}}``."""
     return {"error": {"message": message, "type": error_type, "code": status}}

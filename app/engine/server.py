@@ -28,7 +28,7 @@ from ray import serve
 from adapters_registry.manifest import AdapterManifest
 from app.config import AppConfig
 from app.engine import fair_share
-from app.errors import NotReady, describe, error_body
+from app.errors import EngineUnavailable, NotReady, describe, error_body
 from app.observability.engine import EngineRecorder
 from app.observability.registry_metrics import ReplicaRegistryMetrics
 
@@ -77,6 +77,7 @@ class EngineServer:
         self.serving = await vllm_serving.start_engine(ecfg)
         self.chat_request_cls, self.completion_request_cls, self.error_cls = vllm_serving.request_types()
         self._error_from_exception = vllm_serving.error_from_exception
+        self._vllm = vllm_serving
         self.store = open_store(self.cfg.resolved_store_uri(), self.cfg.s3_endpoint_url)
         self.replica = _replica_name()
         self.recorder = EngineRecorder(self.cfg.observability, self.replica)
@@ -117,21 +118,27 @@ class EngineServer:
         return True
 
     def record_routing_stats(self) -> dict[str, Any]:
-        """Serve calls this periodically; ``app.routing.router`` ranks replicas by it."""
+        """Serve calls this periodically; ``app.routing.router`` ranks replicas by it (a replica
+        whose engine died gets no requests while Serve's health checks replace it)."""
         return {"resident": self.slots.resident(), "free_slots": self.slots.free_slots,
                 "loadable_slots": self.slots.loadable_slots, "active": self.slots.active(),
                 "max_loras": self.cfg.engine.max_loras,
-                "batch_capacity": self.cfg.engine.max_num_seqs, "started_at": self.started_at}
+                "batch_capacity": self.cfg.engine.max_num_seqs, "started_at": self.started_at,
+                "engine_alive": not self._vllm.engine_dead(self.serving)}
 
     async def residency(self) -> dict[str, Any]:
         """The slot table (LRU order), the adapters the vLLM engine has registered (its
-        ``lora_int_id``s: always those of the table) and the disk cache of this replica."""
+        ``lora_int_id``s: always those of the table; None once the engine died), the requests
+        it holds, and the disk cache of this replica."""
+        alive = not self._vllm.engine_dead(self.serving)
         return {
             "replica": self.replica,
             "capacity": self.slots.capacity,
             "free_slots": self.slots.free_slots,
             "slots": self.slots.snapshot(),
-            "engine_lora_ids": sorted(await self.lora_ops.list_loras()),
+            "engine_alive": alive,
+            "engine_lora_ids": sorted(await self.lora_ops.list_loras()) if alive else None,
+            "engine_requests": self._vllm.unfinished_requests(self.serving),
             "cache": {"used_bytes": self.cache.used_bytes, "entries": self.cache.snapshot()},
         }
 
@@ -176,6 +183,8 @@ class EngineServer:
         invalid bodies are 400, everything else goes through vLLM's own mapping."""
         from pydantic import ValidationError
 
+        if self._vllm.engine_dead(self.serving):
+            exc = self._engine_unavailable()
         if hasattr(exc, "http_status"):
             status, body, retry = describe(exc)
             return {"status": status, "body": body, "retry_after_s": retry}
@@ -193,6 +202,16 @@ class EngineServer:
         self.recorder.finish(obs, out["status"])
         return out
 
+    def _engine_unavailable(self) -> EngineUnavailable:
+        return EngineUnavailable(f"the engine of replica {self.replica} died; the replica is being replaced, retry",
+                                 retry_after_s=1.0)
+
+    def _failed(self, result) -> dict[str, Any]:
+        """A vLLM ``ErrorResponse`` as the protocol's error item (503 once the engine died)."""
+        if self._vllm.engine_dead(self.serving):
+            return self._error(self._engine_unavailable())
+        return {"status": int(result.error.code), "body": result.model_dump()}
+
     def _ticket(self, share: dict | None):
         return self.fair_share.admit(share) if self.fair_share is not None else None
 
@@ -200,13 +219,15 @@ class EngineServer:
                         share: dict | None = None) -> dict[str, Any]:
         ticket, served = self._ticket(share), None
         try:
+            if self._vllm.engine_dead(self.serving):
+                raise self._engine_unavailable()
             async with self._adapter(_manifest(manifest)) as model_name:
                 request, handler = self._parse(kind, body, model_name, obs and obs.meta.request_id, ticket)
                 request.stream = False
                 with self.recorder.bind(obs):
                     result = await handler(request, None)
                 if isinstance(result, self.error_cls):
-                    return {"status": int(result.error.code), "body": result.model_dump()}
+                    return self._failed(result)
                 out = result.model_dump(mode="json", exclude_none=True)
                 served = fair_share.usage_of_body(out)
                 return {"status": 200, "body": out}
@@ -237,12 +258,14 @@ class EngineServer:
         if ticket is not None:
             body, strip_usage = fair_share.ask_stream_usage(body)
         try:
+            if self._vllm.engine_dead(self.serving):
+                raise self._engine_unavailable()
             async with self._adapter(_manifest(manifest)) as model_name:
                 request, handler = self._parse(kind, body, model_name, obs and obs.meta.request_id, ticket)
                 with self.recorder.bind(obs):
                     result = await handler(request, None)
                 if isinstance(result, self.error_cls):
-                    yield {"status": int(result.error.code), "body": result.model_dump()}
+                    yield self._failed(result)
                     return
                 yield {"status": 200, "body": None}
                 async for chunk in result:

@@ -158,6 +158,16 @@ async def start_engine(cfg: EngineConfig) -> OpenAIServing:
     return OpenAIServing(engine, state.openai_serving_chat, state.openai_serving_completion, state.openai_serving_models)
 
 
+def engine_dead(serving: OpenAIServing) -> bool:
+    """Whether the engine died (its engine-core process is gone): it never recovers."""
+    return bool(serving.engine.errored)
+
+
+def unfinished_requests(serving: OpenAIServing) -> int:
+    """Requests the engine holds that have not finished (running or waiting)."""
+    return serving.engine.output_processor.get_num_unfinished_requests()
+
+
 def _stat_loggers() -> list | None:
     """vLLM's Ray stat logger inside a Ray worker (it replaces vLLM's prometheus_client one; the
     periodic log line stays); None elsewhere (vLLM's defaults)."""

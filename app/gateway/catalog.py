@@ -3,35 +3,61 @@
 Store reads are blocking (boto3 / filesystem) and run in a worker thread. A hit younger than
 ``ttl_s`` is served from memory; a miss (or an expired entry) reads the store, so a freshly pushed
 adapter or version is callable within ``ttl_s``. Unknown ids are remembered for ``negative_ttl_s``.
+While the store is unavailable, the last manifest read is served (logged), so adapters keep being
+served during a store outage; only ids never read answer 503.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
-from adapters_registry.errors import AdapterNotFound
+from adapters_registry.errors import AdapterNotFound, StoreUnavailable
 from adapters_registry.manifest import AdapterManifest
+
+logger = logging.getLogger(__name__)
 
 
 class AdapterCatalog:
-    def __init__(self, store, ttl_s: float = 1.0, negative_ttl_s: float = 0.5):
+    def __init__(self, store, ttl_s: float = 1.0, negative_ttl_s: float = 0.5, stale_wait_s: float = 1.0):
         self.store = store
         self.ttl_s = ttl_s
         self.negative_ttl_s = negative_ttl_s
+        self.stale_wait_s = stale_wait_s  # how long a request with a known manifest waits for the store
         self._entries: dict[str, tuple[float, AdapterManifest | None]] = {}
+        self._reads: dict[str, asyncio.Task[AdapterManifest]] = {}  # one store read per id at a time
         self._list: tuple[float, list[AdapterManifest]] | None = None
 
     async def get(self, adapter_id: str) -> AdapterManifest:
         """Latest manifest of ``adapter_id``; raises AdapterNotFound (404)."""
         now = time.monotonic()
         hit = self._entries.get(adapter_id)
+        known = hit[1] if hit is not None else None
         if hit is not None:
             at, manifest = hit
             if manifest is not None and now - at < self.ttl_s:
                 return manifest
             if manifest is None and now - at < self.negative_ttl_s:
                 raise AdapterNotFound(f"adapter {adapter_id!r} does not exist")
+        read = self._reads.get(adapter_id)
+        if read is None:
+            read = self._reads[adapter_id] = asyncio.ensure_future(self._read(adapter_id))
+            read.add_done_callback(lambda t: self._read_done(adapter_id, t))
+        try:
+            return await asyncio.wait_for(asyncio.shield(read), self.stale_wait_s if known else None)
+        except (StoreUnavailable, asyncio.TimeoutError) as exc:
+            if known is None:
+                raise
+            logger.warning("store slow or unavailable, serving the last known manifest of %s: %r", adapter_id, exc)
+            return known
+
+    def _read_done(self, adapter_id: str, read: asyncio.Task) -> None:
+        self._reads.pop(adapter_id, None)
+        if not read.cancelled():
+            read.exception()  # retrieved: a read nobody waits for any more logs no warning
+
+    async def _read(self, adapter_id: str) -> AdapterManifest:
         try:
             manifest = await asyncio.to_thread(self.store.get, adapter_id)
         except AdapterNotFound:

@@ -18,7 +18,7 @@ from contextlib import AsyncExitStack
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
@@ -34,14 +34,20 @@ from app.errors import (
     error_response,
     install_handlers,
     json_error,
-    with_request_id,
 )
-from app.gateway import admin_routes
+from app.gateway import admin_routes, request_limits
 from app.gateway.admission import build_admission
 from app.gateway.catalog import AdapterCatalog
+from app.gateway.openai_bodies import (
+    ChatCompletionBody,
+    CompletionBody,
+    GatewayFields,
+    openapi_body,
+)
 from app.gateway.request_context import RequestIdMiddleware
+from app.gateway.stream_relay import RelayResponse, StreamRelay
 from app.gateway.tenants import Tenant, TenantDirectory
-from app.observability.gateway import CLIENT_CLOSED, GatewayRecorder, GatewayRequest
+from app.observability.gateway import GatewayRecorder, GatewayRequest
 from app.request_meta import RequestMeta
 from app.vtc import weight_of
 
@@ -57,24 +63,12 @@ GATEWAY_HEADER = "x-loraplex-gateway"  # which gateway replica answered
 # routes see) when the class is decorated.
 
 
-async def _json_body(request: Request) -> dict[str, Any]:
-    try:
-        body = await request.json()
-    except Exception as exc:
-        raise BadRequest(f"request body is not valid JSON: {exc}") from exc
-    if not isinstance(body, dict):
-        raise BadRequest("request body must be a JSON object")
-    return body
-
-
-def _estimate_tokens(body: dict[str, Any]) -> int:
-    """Rough upper estimate for budgets: ~4 characters a token for the prompt, plus max_tokens."""
+def _estimate_tokens(body: dict[str, Any], fields: GatewayFields) -> int:
+    """Rough upper estimate for budgets: ~4 characters a token for the prompt, plus max_tokens
+    for each of the ``n`` completions."""
     prompt = body.get("messages") if "messages" in body else body.get("prompt")
-    max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or DEFAULT_MAX_TOKENS
-    try:
-        return len(json.dumps(prompt)) // 4 + int(max_tokens)
-    except (TypeError, ValueError):
-        return DEFAULT_MAX_TOKENS
+    max_tokens = fields.max_completion_tokens or fields.max_tokens or DEFAULT_MAX_TOKENS
+    return len(json.dumps(prompt)) // 4 + max(1, fields.n or 1) * max(0, max_tokens)
 
 
 def _replica_identity() -> tuple[str, str | None]:
@@ -114,19 +108,19 @@ class Gateway:
         admin_routes.bind_gateway(self)
 
     # ---- routes -------------------------------------------------------------------------------
-    @api.post("/v1/chat/completions")
+    @api.post("/v1/chat/completions", openapi_extra=openapi_body(ChatCompletionBody))
     async def chat(self, request: Request) -> Response:
         return await self._handle(request, "chat", None)
 
-    @api.post("/v1/completions")
+    @api.post("/v1/completions", openapi_extra=openapi_body(CompletionBody))
     async def completions(self, request: Request) -> Response:
         return await self._handle(request, "completion", None)
 
-    @api.post("/v1/adapters/{adapter_id}/chat/completions")
+    @api.post("/v1/adapters/{adapter_id}/chat/completions", openapi_extra=openapi_body(ChatCompletionBody))
     async def adapter_chat(self, adapter_id: str, request: Request) -> Response:
         return await self._handle(request, "chat", adapter_id)
 
-    @api.post("/v1/adapters/{adapter_id}/completions")
+    @api.post("/v1/adapters/{adapter_id}/completions", openapi_extra=openapi_body(CompletionBody))
     async def adapter_completions(self, adapter_id: str, request: Request) -> Response:
         return await self._handle(request, "completion", adapter_id)
 
@@ -168,10 +162,12 @@ class Gateway:
         obs = self.recorder.request(kind, request_ids.current() or request_ids.new_id())
         status, reason = 500, None
         try:
+            request_limits.check_headers(request, self.cfg.max_header_bytes)
             tenant = self.tenants.authenticate(request.headers.get("authorization"))
             obs.tenant = tenant.name
-            body = await _json_body(request)
-            adapter_id = route_adapter or body.get("model")
+            body = await request_limits.json_object(request, self.cfg.max_request_bytes)
+            fields = GatewayFields.of(body)
+            adapter_id = route_adapter or fields.model
             if not adapter_id:
                 raise BadRequest(f"missing 'model': use '{self.base_name}' or an adapter id")
             manifest = None if adapter_id == self.base_name else await self._authorize(tenant, adapter_id)
@@ -179,10 +175,10 @@ class Gateway:
             body.pop("model", None)
             meta = RequestMeta(request_id=obs.request_id, tenant=tenant.name, adapter=adapter_id).model_dump()
             engine = self.engine.options(multiplexed_model_id=adapter_id if manifest else "")
-            estimate, fair = _estimate_tokens(body), self.tenants.fair_share
+            estimate, fair = _estimate_tokens(body, fields), self.tenants.fair_share
             share = ({"tenant": tenant.name, "weight": weight_of(tenant.priority), "estimated_tokens": estimate}
                      if fair else None)  # an app.engine.fair_share.TenantShare
-            if body.get("stream"):
+            if fields.stream:
                 # The admission slot is held until the stream ends, not until the response starts.
                 obs.stream = True
                 admitted = AsyncExitStack()
@@ -223,33 +219,18 @@ class Gateway:
         self, engine: DeploymentHandle, kind: str, body: dict, manifest: dict | None, meta: dict,
         admitted: AsyncExitStack, obs: GatewayRequest, share: dict | None = None,
     ) -> Response:
-        """Relays the engine's SSE stream; ``admitted`` (the admission slot) closes when it ends,
-        and ``obs`` records the stream's outcome then."""
+        """Relays the engine's SSE stream (``app.gateway.stream_relay``): ``admitted`` (the
+        admission slot) closes and ``obs`` records the outcome when it ends, whichever way."""
         try:
             gen = engine.options(stream=True).generate_stream.remote(kind, body, manifest, meta, share)
             head = await gen.__anext__()
         except BaseException:
+            if "gen" in locals():
+                gen.cancel()  # the client went away while the head was awaited: vLLM aborts
             await admitted.aclose()
             raise
         obs.replica = head["replica"]
         if head["status"] != 200:
             await admitted.aclose()
             return _engine_response(head)
-        headers = {REPLICA_HEADER: head["replica"]}
-
-        async def relay():
-            status = CLIENT_CLOSED  # unless the stream ends first
-            try:
-                async for item in gen:
-                    if isinstance(item, dict):  # an error after the stream started
-                        status = item["status"]
-                        yield f"data: {json.dumps(with_request_id(item['body'], obs.request_id))}\n\n"
-                        yield "data: [DONE]\n\n"
-                        return
-                    yield item
-                status = 200
-            finally:
-                await admitted.aclose()
-                obs.finish(status)
-
-        return StreamingResponse(relay(), media_type="text/event-stream", headers=headers)
+        return RelayResponse(StreamRelay(gen, admitted, obs), {REPLICA_HEADER: head["replica"]})

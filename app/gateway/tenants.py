@@ -18,7 +18,8 @@ from pydantic import BaseModel, Field, field_validator
 
 from app.errors import Unauthorized
 
-logger = logging.getLogger(__name__)
+# A child of "ray.serve": inside a replica its records reach the replica's log file (Serve's handlers).
+logger = logging.getLogger("ray.serve.loraplex.tenants")
 KEY_PREFIX = "lpx-"
 
 

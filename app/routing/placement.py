@@ -22,6 +22,9 @@ replica each. Ranks, most preferred first:
 The base model (no adapter) takes ranks 1 and 5 over all replicas. Oldest first packs work onto
 the replicas Serve keeps when it scales down (it stops the newest first), so the replicas it
 removes are the idle ones. Load = ongoing requests / max_ongoing_requests.
+
+Replicas whose engine died are left out while any other replica is alive (Serve's health checks
+replace them); when none is alive, they are ranked as usual and answer 503.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ class ReplicaView:
     loadable_slots: int | None = None  # free slots + idle evictable ones (None: unknown, assume some)
     active: frozenset[str] | None = None  # adapters requests use there now (None: unknown)
     max_loras: int | None = None  # adapters its engine batches at once (None: no limit known)
+    alive: bool = True  # its engine answers (False: it died; Serve replaces it)
 
     @property
     def load(self) -> float:
@@ -74,6 +78,7 @@ def _age(r: ReplicaView) -> tuple[float, str]:
 
 def rank_replicas(adapter_id: str | None, replicas: list[ReplicaView], per_rank: int = PER_RANK) -> list[list[str]]:
     """Replica ids in preference ranks; every replica appears exactly once (see the module doc)."""
+    replicas = [r for r in replicas if r.alive] or replicas
     roomy = sorted((r for r in replicas if r.has_batch_room), key=_age)
     ranks: list[list[str]] = []
     if adapter_id:
@@ -112,7 +117,8 @@ def view_from_stats(replica_id: str, stats: dict, ongoing: int, max_ongoing: int
         max_ongoing=max_ongoing, batch_capacity=stats.get("batch_capacity"),
         started_at=float(stats.get("started_at", 0.0)),
         loadable_slots=None if loadable is None else int(loadable) - pending,
-        active=None if active is None else frozenset(active) | recently_sent, max_loras=stats.get("max_loras"))
+        active=None if active is None else frozenset(active) | recently_sent, max_loras=stats.get("max_loras"),
+        alive=bool(stats.get("engine_alive", True)))
 
 
 def _chunks(ids: list[str], n: int) -> list[list[str]]:

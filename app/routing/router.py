@@ -2,7 +2,7 @@
 
 The gateway sets the request's ``multiplexed_model_id`` to the adapter id; engine replicas report
 their residency and shape through ``record_routing_stats`` (``resident``, ``free_slots``,
-``loadable_slots``, ``batch_capacity``, ``started_at``). Ranking is
+``loadable_slots``, ``batch_capacity``, ``started_at``, ``engine_alive``). Ranking is
 ``app.routing.placement.rank_replicas``. Serve's default multiplexing router waits up to a second for a
 replica that holds a cold model; this one never waits: a request goes where loading is cheapest.
 

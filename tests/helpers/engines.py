@@ -17,7 +17,7 @@ class RecordingEngine:
         self.capacity = capacity
         self.registered: dict[int, tuple[str, str]] = {}  # lora_int_id -> (lora_name, path)
         self.calls: list[tuple] = []
-        self.refuse = refuse or set()
+        self.refuse = refuse or set()  # table names (``<id>@v<version>``), as decline
         self.decline: set[str] = set()
 
     async def add_lora(self, req) -> bool:
@@ -26,9 +26,9 @@ class RecordingEngine:
         assert req.lora_int_id not in self.registered, "lora_int_id reused"
         assert len(self.registered) < self.capacity, "engine over capacity: its own LRU would evict (drift)"
         self.calls.append(("add", req.lora_name, req.lora_int_id))
-        if req.lora_name in self.refuse:
+        if _table_name(req.lora_name) in self.refuse:
             raise ValueError("engine says no")
-        if req.lora_name in self.decline:
+        if _table_name(req.lora_name) in self.decline:
             return False
         self.registered[req.lora_int_id] = (req.lora_name, req.lora_path)
         return True
@@ -42,4 +42,11 @@ class RecordingEngine:
         return entry is not None
 
     def names(self) -> set[str]:
-        return {n for n, _ in self.registered.values()}
+        """Registered versions as the table names them (``<id>@v<version>``: the engine-side
+        name's content tag dropped)."""
+        return {_table_name(n) for n, _ in self.registered.values()}
+
+
+def _table_name(engine_name: str) -> str:
+    """``<id>@v<version>`` of an engine-side name (``slots.engine_lora_name``)."""
+    return engine_name.rpartition(".")[0]

@@ -21,7 +21,7 @@ from adapters_registry.errors import (
     SlotsExhausted,
 )
 from adapters_registry.manifest import MANIFEST_NAME, AdapterManifest
-from adapters_registry.slots import AdapterSlots
+from adapters_registry.slots import AdapterSlots, engine_lora_name
 from benchmarks.synthetic_adapters import synthetic_adapter
 from tests.helpers.aio import asynctest
 from tests.helpers.assets import publish_synthetic
@@ -44,7 +44,7 @@ async def test_first_use_registers_then_hits(store, base, tmp_path):
     (m,) = publish_n(store, base, tmp_path, 1)
     engine, cache, slots = make(tmp_path, 2)
     async with slots.use(store, m) as req:
-        assert req.lora_name == "ad0@v1" and req.lora_int_id >= 1
+        assert req.lora_name == engine_lora_name(m) and req.lora_int_id >= 1
         assert (Path(req.lora_path) / MANIFEST_NAME).is_file()
         assert slots.snapshot()[0]["active_requests"] == 1
     async with slots.use(store, m) as req2:
@@ -97,7 +97,7 @@ async def test_waits_for_a_slot_to_free(store, base, tmp_path):
     holder = asyncio.create_task(hold())
     await asyncio.sleep(0.02)
     async with slots.use(store, ms[1]) as req:
-        assert req.lora_name == "ad1@v1"
+        assert req.lora_name == engine_lora_name(ms[1])
     await holder
     assert engine.names() == {"ad1@v1"}
 
@@ -162,7 +162,7 @@ async def test_retire_old_versions(store, base, tmp_path):
         pass
     v2 = store.publish(synthetic_adapter(tmp_path / "src2", base, r=4, seed=10), "x", "acme", base)
     async with slots.use(store, store.get("x")) as req:
-        assert req.lora_name == "x@v2"
+        assert req.lora_name == engine_lora_name(v2)
     assert await slots.retire("x", keep_version=v2.version) == 1
     assert engine.names() == {"x@v2"}
 
@@ -177,10 +177,10 @@ async def test_more_adapters_than_slots_under_concurrency(store, base, tmp_path)
     async def request(m: AdapterManifest):
         async with slots.use(store, m) as req:
             # While in use, the adapter is registered, its files are the manifest's, nothing else took its slot.
-            assert engine.registered[req.lora_int_id][0] == m.lora_name
+            assert engine.registered[req.lora_int_id][0] == engine_lora_name(m)
             assert AdapterManifest.model_validate_json((Path(req.lora_path) / MANIFEST_NAME).read_text()) == m
             await asyncio.sleep(rng.random() * 0.01)
-            seen.append((m.lora_name, req.lora_name))
+            seen.append((engine_lora_name(m), req.lora_name))
 
     await asyncio.gather(*(request(rng.choice(ms)) for _ in range(60)))
     assert len(seen) == 60 and all(a == b for a, b in seen)
@@ -229,7 +229,7 @@ async def test_validated_again_before_load_against_this_engine(store, base, tmp_
             pass
     ok = AdapterSlots(engine, AdapterCache(tmp_path / "c3", 10**9), 2, base=base, max_lora_rank=64)
     async with ok.use(store, m) as req:
-        assert req.lora_name == "ad0@v1"
+        assert req.lora_name == engine_lora_name(m)
 
 
 @asynctest

@@ -83,3 +83,9 @@ def test_views_count_adapters_sent_since_the_last_report_as_taking_slots():
     v = view_from_stats("r", stats, ongoing=3, max_ongoing=16, recently_sent=frozenset({"a", "b", "c"}))
     assert v.resident == {"a", "b", "c"} and v.free_slots == 0 and v.loadable_slots == 1
     assert v.active == {"a", "b", "c"} and v.max_loras == 4 and v.batch_capacity == 8
+def test_replica_with_a_dead_engine_gets_nothing_while_another_is_alive():
+    dead = ReplicaView("dead", frozenset(["a"]), 3, 0, 10, alive=False)
+    for adapter in ("a", "cold", None):
+        ranks = rank_replicas(adapter, [dead, view("r2", ongoing=9)])
+        assert [r for rank in ranks for r in rank] == ["r2"], adapter
+    assert rank_replicas("a", [dead]) == [["dead"]]  # none alive: it answers 503 itself

@@ -1,0 +1,220 @@
+"""Isolation under adapter churn (vLLM #47724, #38606) and across versions (#30931, #42125).
+
+Long greedy streams for adapters A (attention) and B (attention + experts) run while other
+requests push eight more adapters through the slot tables (2 replicas x 4 slots for 10 adapters:
+``add_lora`` and eviction while A and B are in flight); every token of A's and B's streams, and of
+every churn request, must equal the same request served alone (whose start equals transformers +
+PEFT, and whose every step won by a wide logit gap, so a mismatch is never rounding). Then an
+adapter is re-published as a new version mid-stream: the old stream finishes on the old weights,
+new requests get the new ones on the replica whose prefix cache holds the old version's blocks
+for the same prompt; and a version number reused with other bytes (the store wiped) gets the new
+bytes. Nothing here is CPU-specific: on a GPU host the same file runs loraplex's CUDA path.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from tests.helpers import admin, hf_reference
+from tests.helpers.completions import Completion, complete
+from tests.helpers.greedy_margin import GAP, hf_greedy, min_gap
+
+pytestmark = pytest.mark.e2e
+LONG = 640  # tokens asked of the streams under churn (vLLM caps B's at max_model_len 1024: 622)
+VERSIONED = 660  # tokens of the stream that outlives its version
+ANCHOR = 12  # tokens checked against transformers + PEFT
+SHORT = 8
+WORDS = ("adapter expert router tenant token engine slot cache stream version replica kernel batch prefix "
+         "block weight request model serve queue").split()
+
+
+def _prompt(seed: int, words: int = 140) -> str:
+    """Varied text of > 2 KV blocks of 128 tokens (prefix caching engages), the same every run."""
+    rng = random.Random(seed)
+    return " ".join(rng.choice(WORDS) for _ in range(words))
+
+
+PROMPT_A, PROMPT_B = _prompt(1), _prompt(2)
+CHURN = 8
+
+
+def _build(embedded_model_dir, root, name: str, kind: str, seed: int):
+    from app.embedded.adapters import build_peft_adapter
+
+    return build_peft_adapter(embedded_model_dir, root / name, kind, 8, seed)
+
+
+@pytest.fixture(scope="module")
+def adapters(serve_stack, embedded_model_dir, tmp_path_factory):
+    """A, B and the churn adapters published to the stack's store: {name: (adapter id, folder)}."""
+    from adapters_registry.manifest import BaseModelInfo
+    from adapters_registry.stores import open_store
+
+    root = tmp_path_factory.mktemp("churn")
+    tag = uuid.uuid4().hex[:6]
+    specs = {"A": ("attention", 801), "B": ("experts", 802), **{f"C{i}": ("attention", 810 + i) for i in range(CHURN)}}
+    store = open_store(serve_stack.store_uri, serve_stack.s3_endpoint)
+    base = BaseModelInfo.from_model_dir(embedded_model_dir)
+    out = {}
+    for name, (kind, seed) in specs.items():
+        folder = _build(embedded_model_dir, root, name, kind, seed)
+        out[name] = (store.publish(folder, f"churn-{name.lower()}-{tag}", "acme", base).adapter_id, folder)
+    yield out
+    for adapter_id, _ in out.values():
+        store.delete(adapter_id)
+
+
+def _first_diff(got: Completion, ref: Completion) -> int:
+    return next((i for i, (a, b) in enumerate(zip(got.tokens, ref.tokens)) if a != b), min(len(got.tokens), len(ref.tokens)))
+
+
+def _long(adapter_id: str, prompt: str, stream: bool = True, tokens: int = LONG) -> dict:
+    return {"model": adapter_id, "prompt": prompt, "max_tokens": tokens, "temperature": 0, "ignore_eos": True,
+            "logprobs": 2, "stream": stream}
+
+
+def _short(adapter_id: str, prompt: str) -> dict:
+    return {"model": adapter_id, "prompt": prompt, "max_tokens": SHORT, "temperature": 0, "ignore_eos": True}
+
+
+def _reference(stack, model_dir, adapter_dir, body: dict, anchor: int = ANCHOR) -> Completion:
+    """The request served alone; its start equals transformers + PEFT and no step is a near tie."""
+    alone = complete(stack, stack.headers("acme"), {**body, "stream": False, "logprobs": 2})
+    assert alone.status == 200, alone.error
+    ids = hf_reference.prompt_ids(model_dir, body["prompt"])
+    assert alone.tokens[:anchor] == hf_greedy(model_dir, adapter_dir, ids, anchor)
+    assert min_gap(alone.top_logprobs) > GAP, "a near tie in the reference: pick another prompt or seed"
+    return alone
+
+
+def test_streams_keep_their_adapter_while_others_churn_the_slots(serve_stack, embedded_model_dir, adapters,
+                                                                 replica_probe, stack_invariants):
+    headers = serve_stack.headers("acme")
+    assert min(len(hf_reference.prompt_ids(embedded_model_dir, p)) for p in (PROMPT_A, PROMPT_B)) > 256
+    streams = {"A": PROMPT_A, "B": PROMPT_B}
+    refs = {n: _reference(serve_stack, embedded_model_dir, adapters[n][1], _long(adapters[n][0], p))
+            for n, p in streams.items()}
+    churn = [f"C{i}" for i in range(CHURN)]
+    churn_refs = {n: complete(serve_stack, headers, _short(adapters[n][0], f"churn {n}")).tokens for n in churn}
+    # Every other adapter (and the base model) answers A's and B's prompts otherwise: a stream served
+    # with the wrong weights cannot go unnoticed.
+    for n, prompt in streams.items():
+        models = {other: adapters[other][0] for other in adapters if other != n} | {"base": "loraplex-base"}
+        alike = [o for o, model in models.items()
+                 if complete(serve_stack, headers, _short(model, prompt)).tokens == refs[n].tokens[:SHORT]]
+        assert not alike, f"{alike} answer {n}'s prompt as {n} does: a mix-up would go unnoticed"
+
+    results: dict[str, Completion] = {}
+    running = threading.Event()
+    running.set()
+
+    def stream(name: str) -> None:
+        results[name] = complete(serve_stack, headers, _long(adapters[name][0], streams[name]))
+
+    def churner(offset: int) -> list[tuple[str, Completion]]:
+        done, i = [], offset
+        while running.is_set():
+            name = churn[i % CHURN]
+            done.append((name, complete(serve_stack, headers, _short(adapters[name][0], f"churn {name}"))))
+            i += 1
+        return done
+
+    with ThreadPoolExecutor(8) as pool:
+        streamers = [pool.submit(stream, n) for n in streams]
+        churners = [pool.submit(churner, k) for k in range(6)]
+        for f in streamers:
+            f.result(timeout=600)
+        running.clear()
+        churned = [item for f in churners for item in f.result(timeout=600)]
+
+    for n in streams:
+        got = results[n]
+        assert got.status == 200 and got.done and got.error is None, got.error
+        assert got.tokens == refs[n].tokens, f"{n}'s stream left its reference at token {_first_diff(got, refs[n])}"
+    for name, c in churned:
+        assert c.status == 200 and c.tokens == churn_refs[name], (name, c.status, c.error)
+    print(f"\nchurn: streams {[(n, len(results[n].tokens), results[n].replica) for n in streams]}, "
+          f"{len(churned)} churn requests of {len({n for n, _ in churned})} adapters, by replica "
+          f"{ {r: sum(c.replica == r for _, c in churned) for r in {c.replica for _, c in churned}} }")
+    # The slots really churned under the streams. On each stream's replica churn adapters were
+    # served while it streamed: more adapters than vLLM's max_loras (2) batch slots there, so the
+    # engine reassigned its LoRA slots and registered adapters at runtime (add_lora) under the
+    # stream (#47724's trigger). Across the stack more churn adapters were served than the slot
+    # tables had free rows, so rows were evicted and reused while A and B were in flight. (The
+    # router evicts on the least loaded replica, the one without the streams, when it can.)
+    from tests.conftest import ENGINE_REPLICAS
+
+    capacity = replica_probe.replicas()[0]["capacity"]
+    for n in streams:
+        served_there = {name for name, c in churned if c.replica == results[n].replica}
+        assert served_there, (n, results[n].replica, "no churn adapter served beside the stream")
+    assert len({name for name, _ in churned}) > ENGINE_REPLICAS * capacity - len(streams)
+    assert stack_invariants() == []
+
+
+def _wipe(s3_client, store_uri: str, adapter_id: str) -> None:
+    """Every object of the adapter, tombstone included: as if the store were recreated."""
+    bucket, prefix = store_uri[len("s3://"):].split("/", 1)
+    keys = [o["Key"] for page in s3_client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{prefix}/{adapter_id}/")
+            for o in page.get("Contents", [])]
+    s3_client.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": k} for k in keys]})
+
+
+def _until_model(stack, body: dict, model: str, timeout_s: float = 30) -> Completion:
+    """The answer once the gateway resolves the adapter to ``model`` (its catalog refreshes)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = complete(stack, stack.headers("acme"), body)
+        if got.model == model or time.monotonic() > deadline:
+            return got
+        time.sleep(0.3)
+
+
+def test_new_version_mid_stream_and_no_prefix_reuse_across_versions(serve_stack, embedded_model_dir, s3_server,
+                                                                    tmp_path, stack_invariants):
+    from adapters_registry.manifest import BaseModelInfo
+    from adapters_registry.slots import engine_lora_name
+    from adapters_registry.stores import open_store
+
+    aid = f"versioned-{uuid.uuid4().hex[:6]}"
+    folders = {v: _build(embedded_model_dir, tmp_path, f"v{v}", kind, seed)
+               for v, kind, seed in ((1, "attention", 901), (2, "attention", 902), (3, "experts", 903))}
+    assert len(hf_reference.prompt_ids(embedded_model_dir, PROMPT_A)) + VERSIONED <= 1024  # max_model_len
+    ids = hf_reference.prompt_ids(embedded_model_dir, PROMPT_A)
+    admin.push(serve_stack, aid, "acme", folders[1])
+    body = _long(aid, PROMPT_A, tokens=VERSIONED)
+    ref1 = _reference(serve_stack, embedded_model_dir, folders[1], body)
+    old: dict[str, Completion] = {}
+    flowing = threading.Event()
+    streamer = threading.Thread(target=lambda: old.update(
+        s=complete(serve_stack, serve_stack.headers("acme"), body, first_token=flowing)))
+    streamer.start()
+    assert flowing.wait(120)  # the v1 stream is under way when v2 appears
+    store = open_store(serve_stack.store_uri, serve_stack.s3_endpoint)
+    base = BaseModelInfo.from_model_dir(embedded_model_dir)
+    m2 = store.publish(folders[2], aid, "acme", base)  # as `loraplex adapters push` does
+    assert streamer.is_alive(), "the v1 stream ended before v2 was published: nothing was shown mid-stream"
+    anchor = {"model": aid, "prompt": PROMPT_A, "max_tokens": 2 * ANCHOR, "temperature": 0, "ignore_eos": True}
+    v2 = _until_model(serve_stack, anchor, engine_lora_name(m2))
+    streamer.join(300)
+    assert old["s"].status == 200 and old["s"].tokens == ref1.tokens, "the v1 stream must finish on v1's weights"
+    assert old["s"].model.startswith(f"{aid}@v1.")
+    assert v2.model == engine_lora_name(m2) and v2.replica == ref1.replica  # where v1's KV blocks are cached
+    assert v2.tokens == hf_greedy(embedded_model_dir, folders[2], ids, 2 * ANCHOR)
+
+    # The store wiped and the adapter pushed again: version 1 once more, other bytes.
+    _wipe(s3_server.client(), serve_stack.store_uri, aid)
+    m3 = store.publish(folders[3], aid, "acme", base)
+    assert m3.version == 1
+    v3 = _until_model(serve_stack, anchor, engine_lora_name(m3))
+    assert v3.model == engine_lora_name(m3) and v3.replica == ref1.replica
+    assert v3.tokens == hf_greedy(embedded_model_dir, folders[3], ids, 2 * ANCHOR)
+    store.delete(aid)
+    assert stack_invariants() == []
+
