@@ -25,6 +25,7 @@ from ray import serve
 
 from adapters_registry.manifest import AdapterManifest
 from app.config import AppConfig
+from app.engine.manifests import ManifestCache
 from app.errors import NotReady, describe, error_body
 from app.observability.engine import EngineRecorder
 from app.observability.registry_metrics import ReplicaRegistryMetrics
@@ -87,6 +88,7 @@ class EngineServer:
         )
         self.expert_lora_refusal = expert_lora_refusal()
         self._newest_version: dict[str, int] = {}  # per adapter id: newest version requested here
+        self.manifests = ManifestCache()  # validated once per (adapter, version), not per request
 
     def __del__(self) -> None:
         """Replica shutdown (Serve calls this on the replica's event loop; garbage collection
@@ -181,7 +183,7 @@ class EngineServer:
 
     async def _generate(self, kind: Kind, body: dict[str, Any], manifest: dict | None, obs=None) -> dict[str, Any]:
         try:
-            async with self._adapter(_manifest(manifest)) as model_name:
+            async with self._adapter(self.manifests.get(manifest)) as model_name:
                 request, handler = self._parse(kind, body, model_name, obs and obs.meta.request_id)
                 request.stream = False
                 with self.recorder.bind(obs):
@@ -209,7 +211,7 @@ class EngineServer:
 
     async def _generate_stream(self, kind: Kind, body: dict[str, Any], manifest: dict | None, obs=None) -> AsyncIterator[Any]:
         try:
-            async with self._adapter(_manifest(manifest)) as model_name:
+            async with self._adapter(self.manifests.get(manifest)) as model_name:
                 request, handler = self._parse(kind, body, model_name, obs and obs.meta.request_id)
                 with self.recorder.bind(obs):
                     result = await handler(request, None)
@@ -224,10 +226,6 @@ class EngineServer:
         except Exception as exc:
             logger.info("stream failed: %r", exc)
             yield self._error(exc)
-
-
-def _manifest(dump: dict | None) -> AdapterManifest | None:
-    return None if dump is None else AdapterManifest.model_validate(dump)
 
 
 def _validation_body(exc) -> dict[str, Any]:

@@ -193,7 +193,7 @@ class Gateway:
             raise
         if not tenant.may_use(manifest.adapter_id, manifest.owner_tenant):
             raise Forbidden(f"adapter {adapter_id!r} belongs to another tenant")
-        return manifest.model_dump(mode="json")
+        return self.catalog.dump(manifest)
 
     async def _stream(
         self, engine: DeploymentHandle, kind: str, body: dict, manifest: dict | None, meta: dict,
