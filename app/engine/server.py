@@ -9,7 +9,8 @@ Return protocol to the gateway (plain data, so it crosses Ray unchanged; ``meta`
 - ``generate`` returns ``{"status": int, "body": dict, "replica": str}`` (+ ``retry_after_s`` on
   errors where retrying can help).
 - ``generate_stream`` yields ``{"status": int, "body": dict | None, "replica": str}`` first, then
-  SSE strings (``"data: ...\\n\\n"``) when the status is 200.
+  SSE strings (``"data: ...\\n\\n"``) when the status is 200: one or more whole events each,
+  vLLM's own events in order (``app.stream_coalesce`` joins those ready together).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from app.engine.manifests import ManifestCache
 from app.errors import NotReady, describe, error_body
 from app.observability.engine import EngineRecorder
 from app.observability.registry_metrics import ReplicaRegistryMetrics
+from app.stream_coalesce import coalesced
 
 logger = logging.getLogger(__name__)
 Kind = Literal["chat", "completion"]
@@ -219,7 +221,8 @@ class EngineServer:
                     yield {"status": int(result.error.code), "body": result.model_dump()}
                     return
                 yield {"status": 200, "body": None}
-                async for chunk in result:
+                # SSE chunks ready while the previous item is being sent travel as one item
+                async for chunk in coalesced(result):
                     yield chunk
         except asyncio.CancelledError:
             raise

@@ -42,6 +42,7 @@ from app.gateway.request_context import RequestIdMiddleware
 from app.gateway.tenants import Tenant, TenantDirectory
 from app.observability.gateway import CLIENT_CLOSED, GatewayRecorder, GatewayRequest
 from app.request_meta import RequestMeta
+from app.stream_coalesce import coalesced
 
 api = FastAPI(title="loraplex", description="Multi-tenant LoRA serving for MoE LLMs")
 api.include_router(admin_routes.router)
@@ -216,7 +217,7 @@ class Gateway:
         async def relay():
             status = CLIENT_CLOSED  # unless the stream ends first
             try:
-                async for item in gen:
+                async for item in coalesced(gen):  # items ready while a write is in flight: one write
                     if isinstance(item, dict):  # an error after the stream started
                         status = item["status"]
                         yield f"data: {json.dumps(with_request_id(item['body'], obs.request_id))}\n\n"
