@@ -27,7 +27,8 @@ stock servers too, to show that.
     python benchmarks/serving.py [--servers vllm,ray-app,ray-llm,loraplex] [--requests 64]
         [--concurrency 1,8] [--json out.json] [--plot out.png] [--loraplex-checkout NAME=DIR ...]
 
-``--loraplex-checkout NAME=DIR`` adds a loraplex server named NAME that runs the code of another
+``--loraplex-proxy NAME=python`` runs loraplex server NAME with Serve's Python proxy instead of
+HAProxy (its start time, ``ready_s`` in the JSON, is printed for each server). ``--loraplex-checkout NAME=DIR`` adds a loraplex server named NAME that runs the code of another
 checkout (e.g. the baseline of a change: ``git archive main | tar -x -C DIR``), started after the
 servers of ``--servers``, with the same home, adapters and workload: a change and its baseline
 measured in one run.
@@ -149,7 +150,7 @@ def make_launcher(kind: str, workdir: Path, home: Path, folders: dict[str, Path]
     built = {a: f for a, f in folders.items() if a != DEMO_ADAPTER}
     name, checkout = (kind, None) if kind == "loraplex" else (kind, args.checkouts[kind])
     return LoraplexServer(workdir, home, ENGINE_ARGS, adapters=[DEMO_ADAPTER], publish=built, tenant=TENANT,
-                          name=name, checkout=checkout)
+                          name=name, checkout=checkout, proxy=args.proxies.get(kind))
 
 
 # ---- outputs -------------------------------------------------------------------------------
@@ -308,6 +309,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--plot", default=None, help="write a PNG of TTFT p50 and tokens/s per request by concurrency")
     ap.add_argument("--loraplex-checkout", action="append", default=[], metavar="NAME=DIR",
                     help="also run loraplex from the checkout DIR, as server NAME (repeatable)")
+    ap.add_argument("--loraplex-proxy", action="append", default=[], metavar="NAME=PROXY",
+                    help="`loraplex serve --proxy PROXY` (haproxy, python) for the loraplex server NAME "
+                         "('loraplex' or a checkout's NAME; default: its own default, haproxy)")
     return ap
 
 
@@ -325,6 +329,9 @@ def main(argv: list[str] | None = None) -> int:
                              "DIR a checkout of this repository")
         args.checkouts[name] = Path(folder)
     kinds += list(args.checkouts)
+    args.proxies = dict(p.partition("=")[::2] for p in args.loraplex_proxy)
+    if bad := {n: p for n, p in args.proxies.items() if p not in ("haproxy", "python") or n not in kinds}:
+        raise SystemExit(f"--loraplex-proxy {bad}: want NAME=haproxy|python for a loraplex server of this run")
     args.concurrency = [int(c) for c in args.concurrency.split(",") if c.strip()]
     args.stock_plugins = None if args.stock_plugins == "all" else [p for p in args.stock_plugins.split(",") if p]
     from app.embedded.setup import init, model_dir

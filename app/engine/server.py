@@ -19,7 +19,7 @@ import asyncio
 import logging
 import os
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import aclosing, asynccontextmanager
 from typing import Any, Literal
 
 from ray import serve
@@ -222,8 +222,9 @@ class EngineServer:
                     return
                 yield {"status": 200, "body": None}
                 # SSE chunks ready while the previous item is being sent travel as one item
-                async for chunk in coalesced(result):
-                    yield chunk
+                async with aclosing(coalesced(result)) as chunks:  # closed at once if the consumer leaves
+                    async for chunk in chunks:
+                        yield chunk
         except asyncio.CancelledError:
             raise
         except Exception as exc:

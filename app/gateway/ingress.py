@@ -216,8 +216,9 @@ class Gateway:
 
         async def relay():
             status = CLIENT_CLOSED  # unless the stream ends first
+            items = coalesced(gen)  # items ready while a write is in flight: one write
             try:
-                async for item in coalesced(gen):  # items ready while a write is in flight: one write
+                async for item in items:
                     if isinstance(item, dict):  # an error after the stream started
                         status = item["status"]
                         yield f"data: {json.dumps(with_request_id(item['body'], obs.request_id))}\n\n"
@@ -226,6 +227,7 @@ class Gateway:
                     yield item
                 status = 200
             finally:
+                await items.aclose()
                 await admitted.aclose()
                 obs.finish(status)
 

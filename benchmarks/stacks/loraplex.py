@@ -53,8 +53,10 @@ class LoraplexServer(Server):
     def __init__(self, workdir: Path, home: Path, engine_args: dict[str, Any] | None = None,
                  adapters: list[str] | None = None, publish: dict[str, Path] | None = None,
                  tenant: str = "acme", config: Path = DEFAULT_CONFIG, args_update: dict[str, Any] | None = None,
-                 env: dict[str, str] | None = None, name: str | None = None, checkout: Path | None = None) -> None:
+                 env: dict[str, str] | None = None, name: str | None = None, checkout: Path | None = None,
+                 proxy: str | None = None) -> None:
         super().__init__(workdir, name)
+        self.proxy = proxy  # `loraplex serve --proxy` (None: its default)
         self.checkout = Path(checkout).resolve() if checkout is not None else None
         self.home, self.config_source, self.tenant = Path(home), Path(config), tenant
         self.engine_args = dict(engine_args or {})
@@ -103,7 +105,8 @@ class LoraplexServer(Server):
             env["PYTHONPATH"] = f"{self.checkout}{os.pathsep}{env['PYTHONPATH']}"
             cwd = self.checkout
         # loraplex serve stops its own Ray cluster (and /dev/shm orphans) within its grace periods
-        return Launch([sys.executable, "-m", "app.cli.main", "serve", str(config)], env,
+        proxy = ["--proxy", self.proxy] if self.proxy else []
+        return Launch([sys.executable, "-m", "app.cli.main", "serve", str(config), *proxy], env,
                       stop_signal=signal.SIGTERM, grace_s=90.0, cleanup_paths=[ray_tmp], cwd=cwd)
 
     def target(self) -> TargetSpec:
