@@ -44,6 +44,8 @@ ROLES = (  # first match of the command line wins
     ("gateway replica", ("ServeReplica", "OpenAiIngress")),
     ("gateway replica", ("ServeReplica", "Ingress")),
     ("vLLM engine core", ("EngineCore",)),
+    ("vLLM model worker (forward pass)", ("VLLM::Worker",)),
+    ("vLLM model worker (forward pass)", ("multiprocessing.spawn",)),
     ("HTTP proxy (HAProxy)", ("haproxy",)),
     ("HTTP proxy (Serve's Python proxy)", ("ProxyActor",)),
     ("Serve controller", ("ServeController",)),
@@ -134,8 +136,14 @@ def layer_of(stack: list[str]) -> str:
     return "other Python"
 
 
+NATIVE_LEAVES = ("Worker.main_loop", "Thread.run", "select (selectors", "Condition.wait", "Event.wait")
+NATIVE = "native code or waiting (Ray core worker, uvloop, gRPC core: no Python frame)"
+
+
 def read_raw(path: Path) -> Counter[str]:
-    """py-spy's raw (collapsed) output → samples per layer; idle samples kept apart."""
+    """py-spy's raw (collapsed) output → samples per layer. Without ``--native`` py-spy cannot
+    tell a thread waiting inside C (Ray's core worker loop, uvloop, gRPC's core) from one working
+    there: samples whose leaf is such a frame are counted apart (``NATIVE``)."""
     layers: Counter[str] = Counter()
     if not path.exists():
         return layers
@@ -144,7 +152,9 @@ def read_raw(path: Path) -> Counter[str]:
         if not count.isdigit():
             continue
         frames = stack.split(";")
-        layers[layer_of(frames)] += int(count)
+        leaf = frames[-1].strip()
+        native = not leaf or any(leaf.startswith(n) for n in NATIVE_LEAVES)
+        layers[NATIVE if native else layer_of(frames)] += int(count)
     return layers
 
 
@@ -218,10 +228,12 @@ def print_profile(rows: list[dict]) -> None:
         for role, s in sorted(r["cpu_s_by_role"].items(), key=lambda kv: -kv[1]):
             print(f"  {role:40} {s:7.2f} {1000 * s / max(r['requests'], 1):10.1f} {1000 * s / max(r['output_tokens'], 1):9.2f}")
         for role, layers in r["py_spy_samples_by_layer"].items():
-            n = sum(layers.values()) or 1
-            print(f"  py-spy, {role} ({n} samples, idle excluded):")
+            py = sum(c for layer, c in layers.items() if layer != NATIVE) or 1
+            print(f"  py-spy, {role}: {sum(layers.values())} samples, {layers.get(NATIVE, 0)} in native code or "
+                  f"waiting; the {py} in Python by layer:")
             for layer, c in layers.items():
-                print(f"    {layer:50} {100 * c / n:5.1f} %")
+                if layer != NATIVE:
+                    print(f"    {layer:50} {100 * c / py:5.1f} %")
 
 
 def main(argv: list[str] | None = None) -> int:
