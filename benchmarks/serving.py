@@ -25,7 +25,13 @@ theirs. ``--stock-plugins all`` loads every installed vLLM plugin (loraplex's am
 stock servers too, to show that.
 
     python benchmarks/serving.py [--servers vllm,ray-app,ray-llm,loraplex] [--requests 64]
-        [--concurrency 1,8] [--json out.json]
+        [--concurrency 1,8] [--json out.json] [--plot out.png] [--loraplex-checkout NAME=DIR ...]
+
+``--loraplex-proxy NAME=python`` runs loraplex server NAME with Serve's Python proxy instead of
+HAProxy (its start time, ``ready_s`` in the JSON, is printed for each server). ``--loraplex-checkout NAME=DIR`` adds a loraplex server named NAME that runs the code of another
+checkout (e.g. the baseline of a change: ``git archive main | tar -x -C DIR``), started after the
+servers of ``--servers``, with the same home, adapters and workload: a change and its baseline
+measured in one run.
 """
 
 from __future__ import annotations
@@ -49,7 +55,7 @@ import httpx
 from pydantic import BaseModel, Field
 
 from benchmarks.loadgen.client import raise_priority, run
-from benchmarks.loadgen.report import print_failures, print_table
+from benchmarks.loadgen.report import print_failures, print_table, write_plot
 from benchmarks.loadgen.spec import BenchReport, LoadSpec, TargetSpec
 from benchmarks.loadgen.sse import chunk_text, sse_events
 from benchmarks.loadgen.workload import model_sequence, model_vocab, request_body
@@ -142,7 +148,9 @@ def make_launcher(kind: str, workdir: Path, home: Path, folders: dict[str, Path]
     from benchmarks.stacks.loraplex import LoraplexServer
 
     built = {a: f for a, f in folders.items() if a != DEMO_ADAPTER}
-    return LoraplexServer(workdir, home, ENGINE_ARGS, adapters=[DEMO_ADAPTER], publish=built, tenant=TENANT)
+    name, checkout = (kind, None) if kind == "loraplex" else (kind, args.checkouts[kind])
+    return LoraplexServer(workdir, home, ENGINE_ARGS, adapters=[DEMO_ADAPTER], publish=built, tenant=TENANT,
+                          name=name, checkout=checkout, proxy=args.proxies.get(kind))
 
 
 # ---- outputs -------------------------------------------------------------------------------
@@ -298,6 +306,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="vLLM plugins of the stock servers (VLLM_PLUGINS), comma-separated; 'all': every installed one")
     ap.add_argument("--workdir", default=None, help="home, adapters, configs and logs (default: a new temporary folder)")
     ap.add_argument("--json", default=None, help="write the records, aggregates and output checks here")
+    ap.add_argument("--plot", default=None, help="write a PNG of TTFT p50 and tokens/s per request by concurrency")
+    ap.add_argument("--loraplex-checkout", action="append", default=[], metavar="NAME=DIR",
+                    help="also run loraplex from the checkout DIR, as server NAME (repeatable)")
+    ap.add_argument("--loraplex-proxy", action="append", default=[], metavar="NAME=PROXY",
+                    help="`loraplex serve --proxy PROXY` (haproxy, python) for the loraplex server NAME "
+                         "('loraplex' or a checkout's NAME; default: its own default, haproxy)")
     return ap
 
 
@@ -307,6 +321,17 @@ def main(argv: list[str] | None = None) -> int:
     kinds = [k for k in args.servers.split(",") if k]
     if unknown := [k for k in kinds if k not in SERVERS]:
         raise SystemExit(f"unknown servers {unknown}; choose among {','.join(SERVERS)}")
+    args.checkouts = {}
+    for spec in args.loraplex_checkout:
+        name, sep, folder = spec.partition("=")
+        if not sep or not name or name in SERVERS or not (Path(folder) / "app" / "cli" / "main.py").is_file():
+            raise SystemExit(f"--loraplex-checkout {spec!r}: want NAME=DIR, NAME not one of {SERVERS}, "
+                             "DIR a checkout of this repository")
+        args.checkouts[name] = Path(folder)
+    kinds += list(args.checkouts)
+    args.proxies = dict(p.partition("=")[::2] for p in args.loraplex_proxy)
+    if bad := {n: p for n, p in args.proxies.items() if p not in ("haproxy", "python") or n not in kinds}:
+        raise SystemExit(f"--loraplex-proxy {bad}: want NAME=haproxy|python for a loraplex server of this run")
     args.concurrency = [int(c) for c in args.concurrency.split(",") if c.strip()]
     args.stock_plugins = None if args.stock_plugins == "all" else [p for p in args.stock_plugins.split(",") if p]
     from app.embedded.setup import init, model_dir
@@ -335,6 +360,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(out.model_dump_json(indent=1))
         print(f"written to {args.json}")
+    if args.plot:
+        print(write_plot(out.bench.runs, Path(args.plot)))
     print(f"configs and logs in {workdir}")
     print(f"wall time of the whole command: {out.wall_s:.1f} s")
     failed = any(s.error for s in out.servers) or any(r.aggregate.failures for r in out.bench.runs)

@@ -9,7 +9,8 @@ Return protocol to the gateway (plain data, so it crosses Ray unchanged; ``meta`
 - ``generate`` returns ``{"status": int, "body": dict, "replica": str}`` (+ ``retry_after_s`` on
   errors where retrying can help).
 - ``generate_stream`` yields ``{"status": int, "body": dict | None, "replica": str}`` first, then
-  SSE strings (``"data: ...\\n\\n"``) when the status is 200.
+  SSE strings (``"data: ...\\n\\n"``) when the status is 200: one or more whole events each,
+  vLLM's own events in order (``app.stream_coalesce`` joins those ready together).
 - Both take ``share``, the request's ``app.engine.fair_share.TenantShare`` (None: no fair share).
 """
 
@@ -20,7 +21,7 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import aclosing, asynccontextmanager
 from typing import Any, Literal
 
 from ray import serve
@@ -28,9 +29,11 @@ from ray import serve
 from adapters_registry.manifest import AdapterManifest
 from app.config import AppConfig
 from app.engine import fair_share
+from app.engine.manifests import ManifestCache
 from app.errors import EngineUnavailable, NotReady, describe, error_body
 from app.observability.engine import EngineRecorder
 from app.observability.registry_metrics import ReplicaRegistryMetrics
+from app.stream_coalesce import coalesced
 
 logger = logging.getLogger(__name__)
 Kind = Literal["chat", "completion"]
@@ -96,6 +99,7 @@ class EngineServer:
         self._shape_request = vllm_serving.shape_request
         self.started_at = time.time()  # the router packs onto older replicas (Serve stops the newest)
         self._newest_version: dict[str, int] = {}  # per adapter id: newest version requested here
+        self.manifests = ManifestCache()  # validated once per (adapter, version), not per request
 
     def __del__(self) -> None:
         """Replica shutdown (Serve calls this on the replica's event loop; garbage collection
@@ -221,7 +225,7 @@ class EngineServer:
         try:
             if self._vllm.engine_dead(self.serving):
                 raise self._engine_unavailable()
-            async with self._adapter(_manifest(manifest)) as model_name:
+            async with self._adapter(self.manifests.get(manifest)) as model_name:
                 request, handler = self._parse(kind, body, model_name, obs and obs.meta.request_id, ticket)
                 request.stream = False
                 with self.recorder.bind(obs):
@@ -260,7 +264,7 @@ class EngineServer:
         try:
             if self._vllm.engine_dead(self.serving):
                 raise self._engine_unavailable()
-            async with self._adapter(_manifest(manifest)) as model_name:
+            async with self._adapter(self.manifests.get(manifest)) as model_name:
                 request, handler = self._parse(kind, body, model_name, obs and obs.meta.request_id, ticket)
                 with self.recorder.bind(obs):
                     result = await handler(request, None)
@@ -268,12 +272,22 @@ class EngineServer:
                     yield self._failed(result)
                     return
                 yield {"status": 200, "body": None}
-                async for chunk in result:
-                    if ticket is not None and (usage := fair_share.usage_of_chunk(chunk)) is not None:
-                        served = usage
-                        if strip_usage:
-                            continue
-                    yield chunk
+                async def metered() -> AsyncIterator[str]:
+                    """vLLM's events, the fair share's usage event read (and dropped if the client
+                    did not ask for it) before any are joined."""
+                    nonlocal served
+                    async with aclosing(result) as events:
+                        async for event in events:
+                            if ticket is not None and (usage := fair_share.usage_of_chunk(event)) is not None:
+                                served = usage
+                                if strip_usage:
+                                    continue
+                            yield event
+
+                # SSE chunks ready while the previous item is being sent travel as one item
+                async with aclosing(coalesced(metered())) as chunks:  # closed at once if the consumer leaves
+                    async for chunk in chunks:
+                        yield chunk
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -282,10 +296,6 @@ class EngineServer:
         finally:
             if self.fair_share is not None:
                 self.fair_share.finish(ticket, served)
-
-
-def _manifest(dump: dict | None) -> AdapterManifest | None:
-    return None if dump is None else AdapterManifest.model_validate(dump)
 
 
 def _validation_body(exc) -> dict[str, Any]:

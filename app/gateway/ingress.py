@@ -213,7 +213,7 @@ class Gateway:
             raise
         if not tenant.may_use(manifest.adapter_id, manifest.owner_tenant):
             raise AdapterNotVisible(adapter_id)
-        return manifest.model_dump(mode="json")
+        return self.catalog.dump(manifest)
 
     async def _stream(
         self, engine: DeploymentHandle, kind: str, body: dict, manifest: dict | None, meta: dict,

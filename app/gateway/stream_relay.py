@@ -21,6 +21,7 @@ from fastapi.responses import StreamingResponse
 
 from app.errors import EngineUnavailable, describe, with_request_id
 from app.observability.gateway import CLIENT_CLOSED, GatewayRequest
+from app.stream_coalesce import coalesced
 
 
 class StreamRelay:
@@ -34,10 +35,12 @@ class StreamRelay:
 
     async def chunks(self):
         """The SSE body: the engine's chunks; an error item after the stream started becomes an
-        error event and ``[DONE]``, and so does the loss of the engine replica mid-stream."""
+        error event and ``[DONE]``, and so does the loss of the engine replica mid-stream. Chunks
+        ready while a write is in flight travel as one write (``app.stream_coalesce``)."""
+        items = coalesced(self._gen)
         try:
             try:
-                async for item in self._gen:
+                async for item in items:
                     if isinstance(item, dict):
                         self.status = item["status"]
                         yield self._event(item["body"])
@@ -52,6 +55,7 @@ class StreamRelay:
                 return
             self.status = 200
         finally:
+            await items.aclose()
             self._ended = self.status != CLIENT_CLOSED
             await self.close()
 

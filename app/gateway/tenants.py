@@ -2,11 +2,16 @@
 
 The tenants file is YAML (in production mounted from a Kubernetes Secret). ``TenantDirectory``
 re-reads it when its modification time changes, so keys can be added without a restart; a file
-that fails to parse keeps the last good table (and logs why).
+that fails to parse keeps the last good table (and logs why). Off the request path: inside an
+event loop a watcher task checks the file every ``watch_interval_s`` in a worker thread, and a
+request whose key is unknown checks it once more at once (so a key just added works at its
+first request, and a removed key stops working within the interval). Outside an event loop
+(tools, tests) every authentication checks the file, as before.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import os
@@ -92,11 +97,13 @@ class TenantsFile(BaseModel):
 class TenantDirectory:
     """Authenticates API keys against the tenants file, reloading it when it changes."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, watch_interval_s: float = 0.5):
         self.path = path
+        self.watch_interval_s = watch_interval_s
         self._mtime: float | None = None
         self._by_hash: dict[str, Tenant] = {}
         self.fair_share = True
+        self._watcher: asyncio.Task | None = None
         self.reload_if_changed()
 
     def reload_if_changed(self) -> None:
@@ -115,12 +122,42 @@ class TenantDirectory:
         self.fair_share = doc.fair_share
         self._mtime = mtime
 
+    def _watching(self) -> bool:
+        """Whether the watcher task runs (started here inside an event loop)."""
+        if self._watcher is not None and not self._watcher.done():
+            return True
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return False
+        self._watcher = asyncio.ensure_future(self._watch())
+        return True
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(self.watch_interval_s)
+            try:
+                await asyncio.to_thread(self.reload_if_changed)
+            except Exception:  # noqa: BLE001 - the watcher keeps watching
+                logger.exception("tenants file %s: check failed", self.path)
+
+    def close(self) -> None:
+        """Stops the watcher (if any)."""
+        if self._watcher is not None:
+            self._watcher.cancel()
+            self._watcher = None
+
     def authenticate(self, authorization: str | None) -> Tenant:
         """``Authorization: Bearer <key>`` → Tenant, or Unauthorized (401)."""
-        self.reload_if_changed()
+        if not self._watching():
+            self.reload_if_changed()
         if not authorization or not authorization.lower().startswith("bearer "):
             raise Unauthorized("missing API key: send 'Authorization: Bearer <key>'")
-        tenant = self._by_hash.get(hash_key(authorization[7:].strip()))
+        digest = hash_key(authorization[7:].strip())
+        tenant = self._by_hash.get(digest)
+        if tenant is None:  # maybe a key added since the watcher's last look: one stat, rare
+            self.reload_if_changed()
+            tenant = self._by_hash.get(digest)
         if tenant is None:
             raise Unauthorized("invalid API key")
         return tenant

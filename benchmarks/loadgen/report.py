@@ -72,7 +72,8 @@ def print_vllm_comparison(pairs: list[tuple[LoadResult, VllmBenchResult]]) -> No
 
 
 def write_plot(runs: list[LoadResult], path: Path) -> str:
-    """TTFT p50 and output tokens/s per request by concurrency, one line per system."""
+    """TTFT p50, output tokens/s per request and output tokens/s of the whole phase by
+    concurrency, one line per system."""
     try:
         import matplotlib
 
@@ -80,14 +81,15 @@ def write_plot(runs: list[LoadResult], path: Path) -> str:
         import matplotlib.pyplot as plt
     except ImportError:
         return f"--plot skipped: matplotlib is not installed in this environment ({path} not written)"
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(15, 4))
     for system in dict.fromkeys(r.system for r in runs):
         rows = sorted((r for r in runs if r.system == system), key=lambda r: r.spec.concurrency)
         conc = [r.spec.concurrency for r in rows]
         ttft = [r.aggregate.ttft_ms.p50 if r.aggregate.ttft_ms else float("nan") for r in rows]
         ax1.plot(conc, ttft, "o-", label=system)
         ax2.plot(conc, [r.aggregate.tokens_per_s_per_request or float("nan") for r in rows], "o-", label=system)
-    for ax, label in ((ax1, "TTFT p50 (ms)"), (ax2, "output tokens/s per request")):
+        ax3.plot(conc, [r.aggregate.output_throughput_tok_s or float("nan") for r in rows], "o-", label=system)
+    for ax, label in ((ax1, "TTFT p50 (ms)"), (ax2, "output tokens/s per request"), (ax3, "output tokens/s (all requests)")):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("concurrency")
         ax.set_ylabel(label)

@@ -6,10 +6,14 @@ engine-argument dict of the other servers mapped onto ``engine`` (fields of ``ap
 argument into ``engine.extra_engine_args``; LoRA is always on). The home is initialised when
 needed (embedded model, demo adapters, demo tenants); adapters given in ``publish`` are pushed
 into its store for ``tenant``; every request carries the key of the adapter's owner (demo keys).
+``checkout``: the serving stack runs the code of another checkout of the repository (its folder
+first on ``PYTHONPATH`` and the working directory), e.g. ``git archive main`` unpacked, so a
+change is measured against its baseline in one run; configs, home and adapters stay this one's.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from pathlib import Path
@@ -49,8 +53,11 @@ class LoraplexServer(Server):
     def __init__(self, workdir: Path, home: Path, engine_args: dict[str, Any] | None = None,
                  adapters: list[str] | None = None, publish: dict[str, Path] | None = None,
                  tenant: str = "acme", config: Path = DEFAULT_CONFIG, args_update: dict[str, Any] | None = None,
-                 env: dict[str, str] | None = None, name: str | None = None) -> None:
+                 env: dict[str, str] | None = None, name: str | None = None, checkout: Path | None = None,
+                 proxy: str | None = None) -> None:
         super().__init__(workdir, name)
+        self.proxy = proxy  # `loraplex serve --proxy` (None: its default)
+        self.checkout = Path(checkout).resolve() if checkout is not None else None
         self.home, self.config_source, self.tenant = Path(home), Path(config), tenant
         self.engine_args = dict(engine_args or {})
         self.publish = dict(publish or {})
@@ -93,9 +100,14 @@ class LoraplexServer(Server):
         self.served_model_name = args.get("engine", {}).get("served_model_name", self.served_model_name)
         self._publish_and_key(args)
         env, ray_tmp = ray_env(self.home, self.extra_env)
+        cwd = REPO
+        if self.checkout is not None:
+            env["PYTHONPATH"] = f"{self.checkout}{os.pathsep}{env['PYTHONPATH']}"
+            cwd = self.checkout
         # loraplex serve stops its own Ray cluster (and /dev/shm orphans) within its grace periods
-        return Launch([sys.executable, "-m", "app.cli.main", "serve", str(config)], env,
-                      stop_signal=signal.SIGTERM, grace_s=90.0, cleanup_paths=[ray_tmp])
+        proxy = ["--proxy", self.proxy] if self.proxy else []
+        return Launch([sys.executable, "-m", "app.cli.main", "serve", str(config), *proxy], env,
+                      stop_signal=signal.SIGTERM, grace_s=90.0, cleanup_paths=[ray_tmp], cwd=cwd)
 
     def target(self) -> TargetSpec:
         return TargetSpec(name=self.name, base_url=self.base_url, base_model=self.served_model_name, keys=self.keys)

@@ -165,6 +165,7 @@ class Launch:
     grace_s: float = 60.0
     cleanup_paths: list[Path] = field(default_factory=list)
     clean_shm: bool = False
+    cwd: Path = REPO  # another checkout's code runs from there (``LoraplexServer(checkout=...)``)
 
 
 def _checkout_env(env: dict[str, str]) -> dict[str, str]:
@@ -252,7 +253,7 @@ class Server:
             launch = self._launch = self.prepare()
             if launch.clean_shm and SHM.is_dir():
                 self._shm_before = set(SHM.iterdir())
-            self.child = ChildProcess(self.name, launch.cmd, launch.env, self.log_path,
+            self.child = ChildProcess(self.name, launch.cmd, launch.env, self.log_path, cwd=launch.cwd,
                                       stop_signal=launch.stop_signal, grace_s=launch.grace_s).start()
             target = self.target()
             self._wait_ready(target, t0)

@@ -140,6 +140,20 @@ def test_objects_reference_each_other(rendered):
     assert serve_svc["spec"]["ports"][0]["targetPort"] == yaml.safe_load(rayservice["spec"]["serveConfigV2"])["http_options"]["port"]
 
 
+@pytest.mark.parametrize("proxy", ["haproxy", "python", None])
+def test_serve_proxy_mode_sets_the_data_path_env_on_every_ray_node(proxy):
+    """haproxy (the default, as ``loraplex serve``): HAProxy + direct gRPC on every node; python: none of it."""
+    values = None if proxy is None else {"serve": {"proxy": proxy}}
+    (rayservice,) = by_kind(render(values), "RayService")
+    for template in pod_templates(rayservice):
+        (container,) = template["spec"]["containers"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        if proxy == "python":
+            assert "RAY_SERVE_ENABLE_HA_PROXY" not in env and "RAY_SERVE_THROUGHPUT_OPTIMIZED" not in env
+        else:
+            assert env["RAY_SERVE_ENABLE_HA_PROXY"] == "1" and env["RAY_SERVE_THROUGHPUT_OPTIMIZED"] == "1"
+
+
 def test_h200_production_values_render_what_production_needs():
     docs = render(values_of("h200-production"))
     (rayservice,) = by_kind(docs, "RayService")

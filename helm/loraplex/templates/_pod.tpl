@@ -61,6 +61,10 @@ spec:
       env:
         - {name: LORAPLEX_HOME, value: /var/lib/loraplex}
         - {name: HF_HOME, value: {{ include "loraplex.modelsDir" $root }}/hf}
+        {{- if eq (default "haproxy" $root.Values.serve.proxy) "haproxy" }}
+        - {name: RAY_SERVE_ENABLE_HA_PROXY, value: "1"}
+        - {name: RAY_SERVE_THROUGHPUT_OPTIMIZED, value: "1"}
+        {{- end }}
         {{- if $root.Values.model.offline }}
         - {name: HF_HUB_OFFLINE, value: "1"}
         {{- end }}
