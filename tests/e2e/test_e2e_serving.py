@@ -229,7 +229,7 @@ def test_adapter_affinity_keeps_an_adapter_on_the_replica_holding_it(serve_stack
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(32) as pool:
-        seen = set(pool.map(lambda _: completion_replica(serve_stack, "acme", "loraplex-base", 64),
+        seen = set(pool.map(lambda _: completion_replica(serve_stack, "acme", "loraplex-base", 512),
                             range(32)))
     assert len(seen) == 2, f"expected both engine replicas to answer, saw {seen}"
     replicas = [completion_replica(serve_stack, "globex", "globex-legal") for _ in range(16)]

@@ -190,14 +190,14 @@ def test_new_version_mid_stream_and_no_prefix_reuse_across_versions(serve_stack,
     admin.push(serve_stack, aid, "acme", folders[1])
     body = _long(aid, PROMPT_A, tokens=VERSIONED)
     ref1 = _reference(serve_stack, embedded_model_dir, folders[1], body)
+    store = open_store(serve_stack.store_uri, serve_stack.s3_endpoint)  # ready before the stream starts
+    base = BaseModelInfo.from_model_dir(embedded_model_dir)
     old: dict[str, Completion] = {}
     flowing = threading.Event()
     streamer = threading.Thread(target=lambda: old.update(
         s=complete(serve_stack, serve_stack.headers("acme"), body, first_token=flowing)))
     streamer.start()
     assert flowing.wait(120)  # the v1 stream is under way when v2 appears
-    store = open_store(serve_stack.store_uri, serve_stack.s3_endpoint)
-    base = BaseModelInfo.from_model_dir(embedded_model_dir)
     m2 = store.publish(folders[2], aid, "acme", base)  # as `loraplex adapters push` does
     assert streamer.is_alive(), "the v1 stream ended before v2 was published: nothing was shown mid-stream"
     anchor = {"model": aid, "prompt": PROMPT_A, "max_tokens": 2 * ANCHOR, "temperature": 0, "ignore_eos": True}

