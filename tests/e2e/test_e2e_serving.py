@@ -222,18 +222,14 @@ def completion_replica(stack, tenant: str, model: str, max_tokens: int = 1) -> s
     return r.headers["x-loraplex-replica"]
 
 
-def test_adapter_affinity_keeps_an_adapter_on_the_replica_holding_it(serve_stack):
-    """Both replicas serve (base-model requests fill the oldest replica's batch of 16, then go to
-    the other: 32 at once reach both), yet 16 requests for one adapter stay on the replica that
-    holds it; Serve's default router would spread them (all on one replica by chance: p = 2^-15)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(32) as pool:
-        seen = set(pool.map(lambda _: completion_replica(serve_stack, "acme", "loraplex-base", 512),
-                            range(32)))
-    assert len(seen) == 2, f"expected both engine replicas to answer, saw {seen}"
+def test_adapter_affinity_keeps_an_adapter_on_the_replica_holding_it(serve_stack, replica_probe):
+    """Both engine replicas are up and serving (their residency answers through Ray, engines
+    alive), yet 16 requests for one adapter stay on the replica that holds it; Serve's default
+    router would spread them over the two (all on one replica by chance: p = 2^-15)."""
+    live = [v["replica"] for v in replica_probe.replicas() if v.get("engine_alive")]
+    assert len(live) == 2, f"expected two live engine replicas, saw {live}"
     replicas = [completion_replica(serve_stack, "globex", "globex-legal") for _ in range(16)]
-    assert len(set(replicas)) == 1, replicas
+    assert len(set(replicas)) == 1 and replicas[0] in live, replicas
 
 
 def test_sequential_base_requests_are_packed_onto_one_replica(serve_stack):

@@ -120,15 +120,19 @@ def test_invalid_tenants_file_keeps_the_old_table(serve_stack):
     try:
         for bad in (b"tenants: [unclosed", b"tenants:\n  - name: 'no good'\n    max_concurrency: -3\n", b"\xff\xfe"):
             path.write_bytes(bad)
+            time.sleep(1.5)  # the gateways watch the file every 0.5 s: each bad version is seen
             r = httpx.post(serve_stack.base_url + "/v1/completions", headers=serve_stack.headers("acme"), json=base,
                            timeout=120)
             assert r.status_code == 200, (bad, r.text)
     finally:
         path.write_bytes(good)
     logs = Path(serve_stack.env["RAY_TMPDIR"]) / "ray" / "session_latest" / "logs"
-    files = [serve_stack.log_path] + [p for p in logs.rglob("*") if p.is_file()]
-    assert any("not reloaded" in p.read_text(errors="replace") for p in files), \
-        "the refused tenants file is not in the stack's logs"
+
+    def logged():
+        files = [serve_stack.log_path] + [p for p in logs.rglob("*") if p.is_file()]
+        return any("not reloaded" in p.read_text(errors="replace") for p in files)
+
+    _wait(logged, 30, "the refused tenants file in the stack's logs")
     r = httpx.post(serve_stack.base_url + "/v1/completions", headers=serve_stack.headers("acme"), json=base, timeout=120)
     assert r.status_code == 200
 
