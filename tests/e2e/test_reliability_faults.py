@@ -145,6 +145,7 @@ def _engine_core(actor_pid: int) -> psutil.Process:
     return cores[0]
 
 
+@pytest.mark.intermittent  # passes alone; failed in 2 of 3 full-suite runs (2026-12-02), cause not found
 def test_engine_killed_mid_stream(serve_stack, replica_probe, stack_invariants):
     """SIGKILL of one replica's engine process while it streams: the stream ends with an error
     event (no silent truncation), the other replica keeps serving (503 + Retry-After at most while
