@@ -14,7 +14,7 @@ from benchmarks.loadgen.sse import (
     ERROR_BODY_CHARS,
     StreamState,
     finish_record,
-    sse_events,
+    read_stream,
 )
 from benchmarks.loadgen.stats import aggregate
 from benchmarks.loadgen.workload import model_sequence, request_body
@@ -40,15 +40,7 @@ async def send_one(client: httpx.AsyncClient, spec: LoadSpec, phase: str, index:
                 rec.error = (await resp.aread()).decode(errors="replace")[:ERROR_BODY_CHARS]
                 rec.e2e_ms = (time.perf_counter() - t_send) * 1000
                 return rec
-            pending: list[tuple[float, str]] = []
-            async for line in resp.aiter_lines():
-                pending.append((time.perf_counter(), line))
-                if not line:
-                    for t, payload in sse_events(pending):
-                        state.add(t, payload)
-                    pending = []
-            for t, payload in sse_events(pending):
-                state.add(t, payload)
+            await read_stream(resp, state)
     except (httpx.HTTPError, json.JSONDecodeError) as exc:
         rec.error = f"{type(exc).__name__}: {exc}"[:ERROR_BODY_CHARS]
         rec.e2e_ms = (time.perf_counter() - t_send) * 1000

@@ -20,7 +20,7 @@ import httpx
 from pydantic import BaseModel, Field
 
 from benchmarks.loadgen.spec import RequestRecord
-from benchmarks.loadgen.sse import StreamState, finish_record, sse_events
+from benchmarks.loadgen.sse import StreamState, finish_record, read_stream
 
 GATEWAY_HEADER = "x-loraplex-gateway"
 COMPLETIONS = "/v1/completions"
@@ -108,15 +108,7 @@ async def probe_once(client: httpx.AsyncClient, key: str, body: dict, index: int
             if resp.status_code != 200:
                 rec.error = (await resp.aread()).decode(errors="replace")[:500]
                 return ProbeRecord(record=rec, gateway=gateway)
-            pending: list[tuple[float, str]] = []
-            async for line in resp.aiter_lines():
-                pending.append((time.perf_counter(), line))
-                if not line:
-                    for t, payload in sse_events(pending):
-                        state.add(t, payload)
-                    pending = []
-            for t, payload in sse_events(pending):
-                state.add(t, payload)
+            await read_stream(resp, state)
     except httpx.HTTPError as exc:
         rec.error = f"{type(exc).__name__}: {exc}"
         return ProbeRecord(record=rec, gateway=gateway)

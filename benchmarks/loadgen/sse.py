@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 from benchmarks.loadgen.spec import RequestRecord
@@ -63,6 +64,20 @@ class StreamState:
         if chunk_text(obj, self.endpoint):
             self.times.append(t)
             self.cumulative.append(self.tokens_seen if obj.get("usage") else None)
+
+
+async def read_stream(resp, state: StreamState) -> None:
+    """Every SSE event of an open streaming response into ``state``, each timed at the arrival of
+    its last line."""
+    pending: list[tuple[float, str]] = []
+    async for line in resp.aiter_lines():
+        pending.append((time.perf_counter(), line))
+        if not line:
+            for t, payload in sse_events(pending):
+                state.add(t, payload)
+            pending = []
+    for t, payload in sse_events(pending):
+        state.add(t, payload)
 
 
 def chunk_text(obj: dict[str, Any], endpoint: str) -> str:

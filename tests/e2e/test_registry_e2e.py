@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.helpers import admin
 from tests.helpers import hf_reference as ref
 from tests.helpers.paths import REPO
 
@@ -55,15 +56,6 @@ def _chat(stack, tenant: str, model: str, timeout=120) -> httpx.Response:
                       json=_chat_body(model), timeout=timeout)
 
 
-def _push(stack, adapter_id: str, tenant: str, folder: Path) -> dict:
-    files = [("files", (n, (folder / n).read_bytes(), "application/octet-stream"))
-             for n in ("adapter_config.json", "adapter_model.safetensors")]
-    r = httpx.post(stack.base_url + "/admin/adapters", data={"adapter_id": adapter_id, "tenant": tenant},
-                   files=files, headers=stack.headers("operator"), timeout=120)
-    assert r.status_code == 201, r.text
-    return r.json()
-
-
 # ---- through the serving stack (moto S3) ---------------------------------------------------------------
 
 
@@ -71,13 +63,13 @@ def test_push_call_new_version_rm(serve_stack, embedded_model_dir, tmp_path):
     aid = f"reg-{uuid.uuid4().hex[:6]}"
     v1_dir = _adapter(embedded_model_dir, tmp_path, "v1", seed=101)
     v2_dir = _adapter(embedded_model_dir, tmp_path, "v2", seed=202, kind="experts")
-    assert _push(serve_stack, aid, "acme", v1_dir)["version"] == 1
+    assert admin.push(serve_stack, aid, "acme", v1_dir)["version"] == 1
     r = _chat(serve_stack, "acme", aid)
     assert r.status_code == 200, r.text
     v1_expected = _expected(embedded_model_dir, v1_dir)
     assert _ids(r.json()) == v1_expected
 
-    m2 = _push(serve_stack, aid, "acme", v2_dir)  # fused 3-D expert LoRA, normalised on publish
+    m2 = admin.push(serve_stack, aid, "acme", v2_dir)  # fused 3-D expert LoRA, normalised on publish
     assert (m2["version"], m2["source_layout"], m2["layout"]) == (2, "3d", "2d")
     r = _chat(serve_stack, "acme", aid)
     v2_expected = _expected(embedded_model_dir, v2_dir)
@@ -96,7 +88,7 @@ def test_more_adapters_than_residency_under_concurrency(serve_stack, embedded_mo
     ids = [f"many-{i}-{uuid.uuid4().hex[:4]}" for i in range(n)]
     dirs = {aid: _adapter(embedded_model_dir, tmp_path, aid, seed=300 + i) for i, aid in enumerate(ids)}
     for aid in ids:
-        _push(serve_stack, aid, "globex", dirs[aid])
+        admin.push(serve_stack, aid, "globex", dirs[aid])
     expected = {aid: _expected(embedded_model_dir, dirs[aid]) for aid in ids}
     assert len({tuple(v) for v in expected.values()}) == n  # distinguishable outputs
 
@@ -116,7 +108,7 @@ def test_more_adapters_than_residency_under_concurrency(serve_stack, embedded_mo
 
 def test_corrupt_object_is_422_and_others_keep_serving(serve_stack, s3_server, embedded_model_dir, tmp_path):
     aid = f"corrupt-{uuid.uuid4().hex[:6]}"
-    m = _push(serve_stack, aid, "acme", _adapter(embedded_model_dir, tmp_path, aid, seed=404))
+    m = admin.push(serve_stack, aid, "acme", _adapter(embedded_model_dir, tmp_path, aid, seed=404))
     bucket, prefix = serve_stack.store_uri[len("s3://"):].split("/", 1)
     key = f"{prefix}/{aid}/{m['version']}/adapter_model.safetensors"
     c = s3_server.client()
