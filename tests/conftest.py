@@ -15,6 +15,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 ENGINE_REPLICAS = 2  # two engine replicas: routing and residency are exercised as in production
+MAX_MODEL_LEN = 2048  # the tiny model's whole context: streams long enough to act on mid-stream
 import_triton_for_the_session()  # before any test module imports vLLM (which imports triton)
 
 
@@ -126,6 +127,7 @@ def serve_stack(loraplex_home, tmp_path_factory, s3_server, s3_store_uri, s3_fau
             "store_uri": s3_store_uri,
             "s3_endpoint_url": s3_faults.endpoint,
             "engine_deployment": {"num_replicas": ENGINE_REPLICAS},
+            "engine": {"max_model_len": MAX_MODEL_LEN},
         },
         extra_env=S3_TEST_ENV,
     )

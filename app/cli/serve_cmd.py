@@ -176,31 +176,43 @@ def remove_new_shm(before: set[Path]) -> None:
     holds open or mapped (orphans of the stopped vLLM/Ray processes); others' are left alone."""
     if not SHM.is_dir():
         return
-    candidates = {p for p in set(SHM.iterdir()) - before if p.is_file()}
-    for path in candidates - _shm_in_use():
+    held = _shm_inodes_in_use()
+    for path in set(SHM.iterdir()) - before:
         try:
-            if path.stat().st_uid == os.getuid():
+            st = path.stat()
+            if path.is_file() and st.st_uid == os.getuid() and st.st_ino not in held:
                 path.unlink()
         except OSError:
             pass
 
 
-def _shm_in_use() -> set[Path]:
-    """``/dev/shm`` files that some process has open (fd) or mapped."""
-    used: set[Path] = set()
+def _shm_inodes_in_use() -> set[int]:
+    """Inodes of ``/dev/shm`` files that some process has open (fd) or mapped. By inode, not by
+    name: a POSIX semaphore is mapped under the temporary name glibc created it with."""
+    shm_dev = SHM.stat().st_dev
+    used: set[int] = set()
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
-            for fd in (proc / "fd").iterdir():
-                target = os.readlink(fd)
-                if target.startswith("/dev/shm/"):
-                    used.add(Path(target))
-            for line in (proc / "maps").read_text().splitlines():
-                if "/dev/shm/" in line:
-                    used.add(Path(line[line.index("/dev/shm/"):].split(" (deleted)")[0]))
+            fds = list((proc / "fd").iterdir())
+        except OSError:  # gone, or not ours to read
+            fds = []
+        for fd in fds:
+            try:  # an fd closed since the listing must not hide the process's others, nor its maps
+                st = fd.stat()
+            except OSError:
+                continue
+            if st.st_dev == shm_dev:
+                used.add(st.st_ino)
+        try:
+            maps = (proc / "maps").read_text().splitlines()
         except OSError:
             continue
+        for line in maps:  # address perms offset dev inode [path]
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6 and fields[5].startswith("/dev/shm/"):
+                used.add(int(fields[4]))
     return used
 
 

@@ -22,12 +22,12 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from tests.helpers import admin, hf_reference
-from tests.helpers.completions import Completion, complete
+from tests.helpers.completions import Completion, StreamInChild, complete
 from tests.helpers.greedy_margin import GAP, hf_greedy, min_gap
 
 pytestmark = pytest.mark.e2e
-LONG = 640  # tokens asked of the streams under churn (vLLM caps B's at max_model_len 1024: 622)
-VERSIONED = 660  # tokens of the stream that outlives its version
+LONG = 1600  # tokens of the streams under churn (their prompts and these fit the stack's max_model_len)
+VERSIONED = 1680  # tokens of the stream that outlives its version
 ANCHOR = 12  # tokens checked against transformers + PEFT
 SHORT = 8
 WORDS = ("adapter expert router tenant token engine slot cache stream version replica kernel batch prefix "
@@ -42,6 +42,7 @@ def _prompt(seed: int, words: int = 140) -> str:
 
 PROMPT_A, PROMPT_B = _prompt(1), _prompt(2)
 CHURN = 8
+CHURNERS = CHURN  # concurrent churn clients
 
 
 def _build(embedded_model_dir, root, name: str, kind: str, seed: int):
@@ -96,7 +97,10 @@ def _reference(stack, model_dir, adapter_dir, body: dict, anchor: int = ANCHOR) 
 def test_streams_keep_their_adapter_while_others_churn_the_slots(serve_stack, embedded_model_dir, adapters,
                                                                  replica_probe, stack_invariants):
     headers = serve_stack.headers("acme")
-    assert min(len(hf_reference.prompt_ids(embedded_model_dir, p)) for p in (PROMPT_A, PROMPT_B)) > 256
+    from tests.conftest import MAX_MODEL_LEN
+
+    lengths = [len(hf_reference.prompt_ids(embedded_model_dir, p)) for p in (PROMPT_A, PROMPT_B)]
+    assert min(lengths) > 256 and max(lengths) + LONG <= MAX_MODEL_LEN, lengths
     streams = {"A": PROMPT_A, "B": PROMPT_B}
     refs = {n: _reference(serve_stack, embedded_model_dir, adapters[n][1], _long(adapters[n][0], p))
             for n, p in streams.items()}
@@ -110,12 +114,8 @@ def test_streams_keep_their_adapter_while_others_churn_the_slots(serve_stack, em
                  if complete(serve_stack, headers, _short(model, prompt)).tokens == refs[n].tokens[:SHORT]]
         assert not alike, f"{alike} answer {n}'s prompt as {n} does: a mix-up would go unnoticed"
 
-    results: dict[str, Completion] = {}
     running = threading.Event()
     running.set()
-
-    def stream(name: str) -> None:
-        results[name] = complete(serve_stack, headers, _long(adapters[name][0], streams[name]))
 
     def churner(offset: int) -> list[tuple[str, Completion]]:
         done, i = [], offset
@@ -125,11 +125,13 @@ def test_streams_keep_their_adapter_while_others_churn_the_slots(serve_stack, em
             i += 1
         return done
 
-    with ThreadPoolExecutor(8) as pool:
-        streamers = [pool.submit(stream, n) for n in streams]
-        churners = [pool.submit(churner, k) for k in range(6)]
-        for f in streamers:
-            f.result(timeout=600)
+    # The streams are read in child processes: read by threads here they would starve the churners.
+    streamers = {n: StreamInChild(serve_stack, headers, _long(adapters[n][0], p)) for n, p in streams.items()}
+    for s in streamers.values():
+        assert s.first_token.wait(120), "a stream did not start"
+    with ThreadPoolExecutor(CHURNERS) as pool:  # churner k starts with C<k>: every churn adapter is asked for at once
+        churners = [pool.submit(churner, k) for k in range(CHURNERS)]
+        results = {n: s.result(600) for n, s in streamers.items()}
         running.clear()
         churned = [item for f in churners for item in f.result(timeout=600)]
 
@@ -185,26 +187,28 @@ def test_new_version_mid_stream_and_no_prefix_reuse_across_versions(serve_stack,
     aid = f"versioned-{uuid.uuid4().hex[:6]}"
     folders = {v: _build(embedded_model_dir, tmp_path, f"v{v}", kind, seed)
                for v, kind, seed in ((1, "attention", 901), (2, "attention", 902), (3, "experts", 903))}
-    assert len(hf_reference.prompt_ids(embedded_model_dir, PROMPT_A)) + VERSIONED <= 1024  # max_model_len
+    from tests.conftest import MAX_MODEL_LEN
+
+    assert len(hf_reference.prompt_ids(embedded_model_dir, PROMPT_A)) + VERSIONED <= MAX_MODEL_LEN
     ids = hf_reference.prompt_ids(embedded_model_dir, PROMPT_A)
     admin.push(serve_stack, aid, "acme", folders[1])
     body = _long(aid, PROMPT_A, tokens=VERSIONED)
     ref1 = _reference(serve_stack, embedded_model_dir, folders[1], body)
     store = open_store(serve_stack.store_uri, serve_stack.s3_endpoint)  # ready before the stream starts
     base = BaseModelInfo.from_model_dir(embedded_model_dir)
-    old: dict[str, Completion] = {}
-    flowing = threading.Event()
-    streamer = threading.Thread(target=lambda: old.update(
-        s=complete(serve_stack, serve_stack.headers("acme"), body, first_token=flowing)))
-    streamer.start()
-    assert flowing.wait(120)  # the v1 stream is under way when v2 appears
+    streamer = StreamInChild(serve_stack, serve_stack.headers("acme"), body)
+    assert streamer.first_token.wait(120)  # the v1 stream is under way when v2 appears
+    started = time.monotonic()
     m2 = store.publish(folders[2], aid, "acme", base)  # as `loraplex adapters push` does
-    assert streamer.is_alive(), "the v1 stream ended before v2 was published: nothing was shown mid-stream"
+    published = time.monotonic() - started
+    assert streamer.streaming(), f"the v1 stream ended before v2 was published ({published:.1f} s after its first token)"
     anchor = {"model": aid, "prompt": PROMPT_A, "max_tokens": 2 * ANCHOR, "temperature": 0, "ignore_eos": True}
     v2 = _until_model(serve_stack, anchor, engine_lora_name(m2))
-    streamer.join(300)
-    assert old["s"].status == 200 and old["s"].tokens == ref1.tokens, "the v1 stream must finish on v1's weights"
-    assert old["s"].model.startswith(f"{aid}@v1.")
+    old = streamer.result(300)
+    print(f"\nversions: v2 published {published:.1f} s into the v1 stream, which ended "
+          f"{time.monotonic() - started:.1f} s in (the catalog and a v2 request in between)")
+    assert old.status == 200 and old.tokens == ref1.tokens, "the v1 stream must finish on v1's weights"
+    assert old.model.startswith(f"{aid}@v1.")
     assert v2.model == engine_lora_name(m2) and v2.replica == ref1.replica  # where v1's KV blocks are cached
     assert v2.tokens == hf_greedy(embedded_model_dir, folders[2], ids, 2 * ANCHOR)
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
+import time
 from dataclasses import dataclass, field
 
 import httpx
@@ -65,3 +67,54 @@ def complete(stack, headers: dict, body: dict, timeout: float = 300, first_token
                         if first_token is not None:
                             first_token.set()
     return out
+
+
+class StreamInChild:
+    """``complete()`` of a streamed request in a spawned process, so the test's own threads keep
+    running while it streams. A thread of the test process reading a fast SSE stream wants the GIL
+    back at every event; on a busy 2-core host each hand-back also waits for the scheduler, and the
+    test's main thread (publishing, polling Ray) then gets almost no time until the stream ends.
+
+    ``first_token`` is set at the stream's first token, ``finished`` when the response is read to
+    its end (before the result travels back); ``result()`` is the ``Completion``."""
+
+    def __init__(self, stack, headers: dict, body: dict, timeout: float = 300) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self.first_token, self.finished = ctx.Event(), ctx.Event()
+        self._results = ctx.SimpleQueue()
+        self._timeout = timeout
+        self._proc = ctx.Process(target=_stream_child, daemon=True, name="stream-in-child",
+                                 args=(stack.base_url, headers, body, timeout, self.first_token, self.finished,
+                                       self._results))
+        self._proc.start()
+
+    def streaming(self) -> bool:
+        """True while the response is still being read."""
+        return not self.finished.is_set()
+
+    def result(self, timeout: float | None = None) -> Completion:
+        """The completion, once the stream has ended (``TimeoutError`` after ``timeout`` s)."""
+        limit = self._timeout + 30 if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        while not self.finished.wait(1):
+            if not self._proc.is_alive():
+                raise RuntimeError(f"the streaming process died (exit code {self._proc.exitcode})")
+            if time.monotonic() > deadline:
+                self._proc.kill()
+                raise TimeoutError(f"the stream did not end in {limit} s")
+        got = self._results.get()
+        self._proc.join(30)
+        if isinstance(got, BaseException):
+            raise got
+        return got
+
+
+def _stream_child(base_url: str, headers: dict, body: dict, timeout: float, first_token, finished, results) -> None:
+    from types import SimpleNamespace
+
+    try:
+        got = complete(SimpleNamespace(base_url=base_url), headers, body, timeout, first_token=first_token)
+    except Exception as e:  # the parent raises it (as text: not every exception pickles)
+        got = RuntimeError(f"the stream failed: {e!r}")
+    finished.set()
+    results.put(got)

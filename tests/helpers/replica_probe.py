@@ -81,10 +81,13 @@ def _residencies() -> list[dict]:
     for actor in ray.util.list_named_actors(all_namespaces=True):
         if actor["namespace"] != "serve" or not actor["name"].startswith(ENGINE_PREFIX):
             continue
-        handle = ray.get_actor(actor["name"], namespace="serve")
         meta = RequestMetadata(request_id=uuid.uuid4().hex, internal_request_id=uuid.uuid4().hex,
                                call_method="residency", app_name="loraplex")
         try:
+            try:
+                handle = ray.get_actor(actor["name"], namespace="serve")
+            except ValueError:  # listed, then gone (a replica being replaced)
+                continue
             pid = ray.get(handle.__ray_call__.remote(lambda self: os.getpid()), timeout=60)
             try:
                 view = ray.get(handle.handle_request.remote(pickle.dumps(meta)), timeout=60)

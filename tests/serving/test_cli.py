@@ -67,10 +67,27 @@ def test_serve_cleanup_removes_only_orphaned_new_shm_segments():
     orphan, held = shm / f"lpx-test-orphan-{tag}", shm / f"lpx-test-held-{tag}"
     orphan.write_bytes(b"x")
     held.write_bytes(b"x")
+    import mmap
+    import multiprocessing
+
+    mapped = shm / f"lpx-test-mapped-{tag}"
+    mapped.write_bytes(b"x" * 4096)
+    # a POSIX semaphore another program made meanwhile: glibc maps it under a temporary name
+    semaphore = multiprocessing.get_context("spawn").Lock()
+    sem_files = {p for p in set(shm.iterdir()) - before if p.name.startswith("sem.")}
+    assert sem_files, "the semaphore has a name under /dev/shm"
     try:
-        with open(held, "rb"):  # another user of the segment: it must survive
-            serve_cmd.remove_new_shm(before)
-        assert not orphan.exists() and held.exists() and old.exists()
+        with open(mapped, "r+b") as f:
+            view = mmap.mmap(f.fileno(), 4096)  # mapped, its fd closed
+        try:
+            with open(held, "rb"):  # open
+                serve_cmd.remove_new_shm(before)
+        finally:
+            view.close()
+        assert not orphan.exists() and old.exists()
+        assert (held.exists(), mapped.exists(), all(p.exists() for p in sem_files)) == (True, True, True), \
+            "segments in use (open, mapped, a semaphore) must survive"
     finally:
-        for p in (old, orphan, held):
+        del semaphore
+        for p in (old, orphan, held, mapped):
             p.unlink(missing_ok=True)
