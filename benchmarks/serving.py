@@ -24,6 +24,8 @@ in a mixed batch, which loraplex's vLLM plugin fixes: differing base-model outpu
 theirs. ``--stock-plugins all`` loads every installed vLLM plugin (loraplex's among them) in the
 stock servers too, to show that.
 
+Set up with ``bash scripts/setup.sh --bench`` (ray.serve.llm's imports beside the test extras), then
+
     python benchmarks/serving.py [--servers vllm,ray-app,ray-llm,loraplex] [--requests 64]
         [--concurrency 1,8] [--json out.json] [--plot out.png] [--loraplex-checkout NAME=DIR ...]
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Creates (or refreshes) the project venv in .venv with the verified CPU stack and loraplex itself.
-# Usage: bash scripts/setup.sh [--test]     (--test adds the test extras)
+# Usage: bash scripts/setup.sh [--test|--bench]   (--test adds the test extras; --bench the test and
+#        benchmark extras: what benchmarks/serving.py's ray.serve.llm server needs)
 # Idempotent: a stamp file records what was installed; a changed pyproject.toml reinstalls.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -8,6 +9,7 @@ PY=${PYTHON:-python3.11}
 VENV=.venv
 extras="cpu"
 [ "${1:-}" = "--test" ] && extras="cpu,test"
+[ "${1:-}" = "--bench" ] && extras="cpu,test,bench"
 stamp="$VENV/.loraplex-setup-$extras"
 want=$(sha256sum pyproject.toml scripts/setup.sh scripts/s3rver.sh | sha256sum | cut -c1-16)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
@@ -23,7 +25,7 @@ torch_index=()
 $pip install -q "${torch_index[@]}" -e ".[$extras]"
 # PyPI's torchvision/torchaudio/torchcodec do not load against the +cpu torch: remove them.
 $pip uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
-if [ "$extras" = "cpu,test" ]; then
+if [ "$extras" != "cpu" ]; then
   # s3rver (npm): the on-disk, credential-checking S3 server of the registry tests (Node.js 18+)
   bash scripts/s3rver.sh install "$VENV/s3rver" >/dev/null
 fi

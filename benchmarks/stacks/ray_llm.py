@@ -120,6 +120,11 @@ class RayLlm(Server):
         return env
 
     def prepare(self) -> Launch:
+        import importlib.util
+
+        missing = [m for m in ("pyarrow", "pandas", "jsonref", "boto3") if importlib.util.find_spec(m) is None]
+        if missing:  # else Serve's controller retries the failing import until the start times out
+            raise RuntimeError(f"ray.serve.llm needs {', '.join(missing)}: bash scripts/setup.sh --bench")
         s3_env = self._s3_env() if self.adapter_paths else {}
         self._cache_dirs = [RAY_LLM_LORA_CACHE / name for name in self.adapter_paths
                             if not (RAY_LLM_LORA_CACHE / name).exists()]

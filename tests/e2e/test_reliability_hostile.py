@@ -5,6 +5,7 @@ invariants hold (``tests.helpers.invariants``)."""
 
 from __future__ import annotations
 
+import collections
 import json
 import socket
 import threading
@@ -179,7 +180,7 @@ def test_client_gone_aborts_the_request_and_unpins_the_adapter(serve_stack, repl
         if stream:
             assert b"data: {" in leaver.recv(4096) or b"data: {" in leaver.recv(4096)  # the stream is flowing
         else:
-            _wait(lambda: _post(serve_stack, "completions", base, headers).status_code == 429, what="the key's slot taken")
+            _slot_taken(serve_stack, base, headers, leaver)
     finally:
         leaver.close()
     _wait(lambda: _post(serve_stack, "completions", base, headers).status_code == 200,
@@ -192,6 +193,28 @@ def test_client_gone_aborts_the_request_and_unpins_the_adapter(serve_stack, repl
     keeper.join(300)
     assert keeper.done.is_set() and keeper.tokens == 600
     assert stack_invariants() == []
+
+
+def _slot_taken(stack, base: bytes, headers: dict, leaver: socket.socket, timeout_s: float = 120) -> None:
+    """Waits until the key's one admission slot is taken by ``leaver``'s request (a base-model request
+    of the key is a 429); on a timeout says what the probes got and what the leaver was answered."""
+    seen: collections.Counter = collections.Counter()
+
+    def taken() -> bool:
+        status = _post(stack, "completions", base, headers).status_code
+        seen[status] += 1
+        return status == 429
+
+    try:
+        _wait(taken, timeout_s, "the key's slot taken")
+    except AssertionError:
+        leaver.settimeout(1)
+        try:
+            answer = leaver.recv(2048)
+        except OSError as exc:
+            answer = repr(exc).encode()
+        raise AssertionError(f"the key's slot was never seen taken in {timeout_s} s: probes {dict(seen)}, "
+                             f"the leaving request was answered {answer[:600]!r}") from None
 
 
 def _active(probe, adapter_id: str) -> tuple[int, int]:
@@ -226,7 +249,7 @@ def test_client_gone_before_the_first_byte_releases_admission_and_the_pin(serve_
     try:
         leaver = _raw_request(serve_stack, headers, body)
         # admitted and waiting for the engine: the key's one slot is taken
-        _wait(lambda: _post(serve_stack, "completions", base, headers).status_code == 429, what="the key's slot taken")
+        _slot_taken(serve_stack, base, headers, leaver)
         leaver.settimeout(1)
         with pytest.raises(socket.timeout):
             leaver.recv(1)  # nothing of the response yet
