@@ -178,6 +178,7 @@ def _until_model(stack, body: dict, model: str, timeout_s: float = 30) -> Comple
         time.sleep(0.3)
 
 
+@pytest.mark.intermittent  # its mid-stream step came after the stream's end in 1 of 2 fresh-clone runs (2026-12-02)
 def test_new_version_mid_stream_and_no_prefix_reuse_across_versions(serve_stack, embedded_model_dir, s3_server,
                                                                     tmp_path, stack_invariants):
     from adapters_registry.manifest import BaseModelInfo

@@ -142,6 +142,7 @@ def _engine_core(actor_pid: int) -> psutil.Process:
     return cores[0]
 
 
+@pytest.mark.intermittent  # its mid-stream step came after the stream's end in 1 of 2 fresh-clone runs (2026-12-02)
 def test_engine_killed_mid_stream(serve_stack, replica_probe, stack_invariants):
     """SIGKILL of one replica's engine process while it streams: the stream ends with an error
     event (no silent truncation), the other replica keeps serving (503 + Retry-After at most while

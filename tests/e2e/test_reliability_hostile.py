@@ -179,7 +179,8 @@ def test_client_gone_aborts_the_request_and_unpins_the_adapter(serve_stack, repl
     try:
         if stream:
             assert b"data: {" in leaver.recv(4096) or b"data: {" in leaver.recv(4096)  # the stream is flowing
-        else:
+        else:  # running in an engine before the first probe: a probe admitted first would refuse the leaver
+            _wait(lambda: _active(replica_probe, adapter)[0] >= 1, what="the leaving request to run in an engine")
             _slot_taken(serve_stack, base, headers, leaver)
     finally:
         leaver.close()
