@@ -18,6 +18,7 @@ import argparse
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -180,7 +181,7 @@ def remove_new_shm(before: set[Path]) -> None:
     for path in set(SHM.iterdir()) - before:
         try:
             st = path.stat()
-            if path.is_file() and st.st_uid == os.getuid() and st.st_ino not in held:
+            if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid() and st.st_ino not in held:
                 path.unlink()
         except OSError:
             pass

@@ -53,6 +53,8 @@ def test_bench_lists_available_benchmarks(tmp_path):
 
 
 def test_serve_cleanup_removes_only_orphaned_new_shm_segments():
+    import mmap
+    import multiprocessing
     import uuid
     from pathlib import Path
 
@@ -67,9 +69,6 @@ def test_serve_cleanup_removes_only_orphaned_new_shm_segments():
     orphan, held = shm / f"lpx-test-orphan-{tag}", shm / f"lpx-test-held-{tag}"
     orphan.write_bytes(b"x")
     held.write_bytes(b"x")
-    import mmap
-    import multiprocessing
-
     mapped = shm / f"lpx-test-mapped-{tag}"
     mapped.write_bytes(b"x" * 4096)
     # a POSIX semaphore another program made meanwhile: glibc maps it under a temporary name
