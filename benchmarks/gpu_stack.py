@@ -59,6 +59,7 @@ from benchmarks.gpu_stack_parts.output import write_outputs
 from benchmarks.gpu_stack_parts.plan import (
     PLANS,
     SYSTEMS,
+    Plan,
     build_plan,
     estimate,
     format_plan,
@@ -87,16 +88,27 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", default=None, help="where the JSON, the tables and the plot go (default: the work folder)")
     ap.add_argument("--s3-in-memory", action="store_true", help="the S3 server keeps objects in memory, not on disk")
     ap.add_argument("--timeout", type=float, default=900.0, help="read timeout of one request, seconds")
+    ap.add_argument("--merge", type=Path, default=None,
+                    help="gpu_stack.json of an earlier run on this host (same plan and model, other systems): its "
+                         "systems and pushes join this run's tables, JSON and plot, in the plan's order")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and its estimate only")
     return ap
 
 
 def prepare_adapters(ctx: Context) -> None:
-    """Every adapter of the plan written and pushed; folders the stock servers and the engine
-    alone do not read are removed once pushed (only the store keeps them)."""
+    """Every adapter of the plan written, and pushed where loraplex runs (only loraplex reads
+    the store through ``loraplex adapters push``; ray.serve.llm's launcher uploads the folders
+    itself); folders the stock servers and the engine alone do not read are removed once pushed
+    (only the store keeps them)."""
     local = ctx.plan.families(("vllm-lora", "ray-llm", "engine-alone"))
     root = ctx.workdir / "adapters"
+    pushed = ctx.plan.families(("loraplex",))
     for rank, count in sorted(ctx.plan.families().items()):
+        if not pushed.get(rank):
+            folders = write_adapters(ctx.assets, root, rank, list(range(local.get(rank, 0))),
+                                     expert_lora=ctx.plan.workload.expert_lora)
+            ctx.adapters.update(folders)
+            continue
         for start in range(0, count, PUSH_BATCH):
             indices = list(range(start, min(start + PUSH_BATCH, count)))
             folders = write_adapters(ctx.assets, root, rank, indices, expert_lora=ctx.plan.workload.expert_lora)
@@ -113,6 +125,25 @@ def prepare_adapters(ctx: Context) -> None:
                     ctx.adapters[adapter] = folder
                 else:
                     shutil.rmtree(folder, ignore_errors=True)
+
+
+def merge_reports(earlier: StackReport, later: StackReport, plan_name: str | None, model: str) -> tuple[StackReport, Plan]:
+    """One report of two runs of the same plan and model on one host: the systems of both in
+    the plan's order (``later``'s where both ran one), both runs' pushes, commands and wall times."""
+    if earlier.plan.get("name") != later.plan.get("name") or earlier.plan.get("model") != later.plan.get("model"):
+        raise SystemExit(f"--merge: the earlier run is plan {earlier.plan.get('name')!r} on {earlier.plan.get('model')!r}, "
+                         f"this one {later.plan.get('name')!r} on {later.plan.get('model')!r}")
+    runs = {s.system: s for s in earlier.systems} | {s.system: s for s in later.systems}
+    systems = tuple(s for s in SYSTEMS if s in runs)
+    plan = build_plan(plan_name or later.plan["name"], model, systems)
+    merged = later.model_copy(update={
+        "date": f"{earlier.date} and {later.date}", "command": f"{earlier.command} ; then {later.command}",
+        "plan": plan.model_dump(), "estimate_s": earlier.estimate_s + later.estimate_s,
+        "wall_s": earlier.wall_s + later.wall_s, "engine": later.engine or earlier.engine,
+        "pushes": earlier.pushes + later.pushes, "systems": [runs[s] for s in systems],
+        "notes": [*earlier.notes, *later.notes, f"merged from two runs on this host: {', '.join(x.system for x in earlier.systems)}"
+                  f" at {earlier.date}, then {', '.join(x.system for x in later.systems)} at {later.date}"]})
+    return merged, plan
 
 
 def _stop_on_sigterm(signum, frame) -> None:
@@ -163,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             report.pushes = ctx.pushes
     report.wall_s = time.perf_counter() - t0
+    if args.merge:
+        report, plan = merge_reports(StackReport.model_validate_json(args.merge.read_text()), report, args.plan, args.model)
     print(write_outputs(report, plan, Path(args.out).resolve() if args.out else workdir))
     print(f"wall time {report.wall_s / 60:.1f} min (estimate {report.estimate_s / 60:.1f} min)")
     failed = [s.system for s in report.systems if s.system != "ray-llm"

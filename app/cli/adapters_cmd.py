@@ -18,7 +18,16 @@ def _store(args: argparse.Namespace):
     from app.config import AppConfig
 
     cfg = AppConfig()
-    return open_store(args.store or cfg.resolved_store_uri(), args.endpoint_url or cfg.s3_endpoint_url)
+    options = {"part_bytes": args.upload_part_mib << 20} if getattr(args, "upload_part_mib", None) else {}
+    return open_store(args.store or cfg.resolved_store_uri(), args.endpoint_url or cfg.s3_endpoint_url, **options)
+
+
+def _part_mib(text: str) -> int:
+    """S3's multipart bounds: parts of 5 MiB to 5 GiB."""
+    value = int(text)
+    if not 5 <= value <= 5120:
+        raise argparse.ArgumentTypeError(f"{value} MiB: S3 parts are 5 to 5120 MiB")
+    return value
 
 
 def _fail(exc: Exception) -> int:
@@ -125,6 +134,8 @@ def add_adapters_subparser(subparsers) -> None:
     q.add_argument("--base-model", default=None, help="base model folder to validate against (default: the engine's)")
     q.add_argument("--max-lora-rank", type=int, default=None, help="default: the engine's max_lora_rank")
     q.add_argument("--keep-layout", action="store_true", help="publish fused 3-D expert LoRA as is (no 2-D conversion)")
+    q.add_argument("--upload-part-mib", type=_part_mib, default=None,
+                   help="S3 multipart part size, MiB (default 32; a file up to it goes in one PUT; S3 allows 5-5120)")
     store_opts(q)
     q.set_defaults(func=_push)
 

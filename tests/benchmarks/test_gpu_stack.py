@@ -143,3 +143,27 @@ def test_engine_alone_target_measures_every_request(loraplex_home, embedded_mode
         assert 0 < x.ttft_ms <= x.e2e_ms and len(x.itl_ms) == 5 and x.tpot_ms > 0
     a = r.aggregate
     assert a.requests == 4 and a.failures == 0 and a.token_mismatches == 0 and a.output_throughput_tok_s > 0
+
+
+def _report(plan_name: str, systems: tuple[str, ...], date: str) -> StackReport:
+    from benchmarks.gpu_stack_parts.models import PushRecord, SystemRun
+
+    plan = build_plan(plan_name, "gptoss-mxfp4", systems)
+    return StackReport(date=date, command=f"run at {date}", plan=plan.model_dump(), estimate_s=60.0, wall_s=100.0,
+                       pushes=[PushRecord(adapter=f"{date}-a", tenant="tenant-1", rank=32, seconds=1.0, ok=True)],
+                       systems=[SystemRun(system=s, label=s, error=f"{s} at {date}") for s in systems])
+
+
+def test_two_runs_of_one_plan_merge_into_one_report_in_the_plans_order():
+    from benchmarks.gpu_stack import merge_reports
+
+    earlier = _report("default", ("vllm-base", "vllm-lora", "engine-alone"), "first")
+    later = _report("default", ("loraplex", "engine-alone"), "second")
+    merged, plan = merge_reports(earlier, later, None, "gptoss-mxfp4")
+    assert [s.system for s in merged.systems] == ["vllm-base", "vllm-lora", "loraplex", "engine-alone"]
+    assert [b.system for b in plan.blocks] == [s.system for s in merged.systems]
+    assert next(s for s in merged.systems if s.system == "engine-alone").error == "engine-alone at second"
+    assert [p.adapter for p in merged.pushes] == ["first-a", "second-a"]
+    assert merged.wall_s == 200.0 and "first" in merged.date and "second" in merged.date
+    with pytest.raises(SystemExit, match="plan 'full'"):
+        merge_reports(_report("full", ("vllm-base",), "x"), later, None, "gptoss-mxfp4")

@@ -159,3 +159,17 @@ def test_cli_default_store_is_the_app_config_store(tmp_path, monkeypatch, capsys
     assert main(["adapters", "push", str(assets["attn"]), "--id", "d", "--tenant", "acme",
                  "--base-model", str(assets["base"])]) == 0
     assert open_store((tmp_path / "home" / "store").as_uri()).get("d").version == 1
+
+
+def test_cli_push_upload_part_size_reaches_the_s3_store_and_is_bounded(capsys):
+    import argparse
+
+    from app.cli.adapters_cmd import _store
+    from app.cli.main import main
+
+    store = _store(argparse.Namespace(store="s3://bucket/prefix", endpoint_url="http://127.0.0.1:9", upload_part_mib=1024))
+    assert store.transfer.multipart_threshold == store.transfer.multipart_chunksize == 1024 << 20
+    assert _store(argparse.Namespace(store="s3://bucket/p", endpoint_url="http://127.0.0.1:9")).part_bytes == 32 << 20
+    with pytest.raises(SystemExit):
+        main(["adapters", "push", ".", "--id", "a", "--tenant", "t", "--upload-part-mib", "3"])
+    assert "3 MiB: S3 parts are 5 to 5120 MiB" in capsys.readouterr().err
