@@ -53,7 +53,7 @@ from benchmarks.gpu_stack_parts.assets import (
     write_adapters,
     write_tenants,
 )
-from benchmarks.gpu_stack_parts.host import host_info
+from benchmarks.gpu_stack_parts.host import gpu_processes, host_info
 from benchmarks.gpu_stack_parts.models import StackReport
 from benchmarks.gpu_stack_parts.output import write_outputs
 from benchmarks.gpu_stack_parts.plan import (
@@ -63,6 +63,7 @@ from benchmarks.gpu_stack_parts.plan import (
     build_plan,
     estimate,
     format_plan,
+    resources,
     tenant_of,
 )
 from benchmarks.gpu_stack_parts.pushes import local_s3, push
@@ -78,6 +79,20 @@ PUSH_WORKERS = 4  # pushes at once while the plan's adapters are prepared (a col
 CACHE_SHARE_OF_FREE_DISK = 0.8
 
 
+def _sizes(text: str) -> list[int]:
+    try:
+        sizes = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: comma-separated batch sizes, e.g. 1,2,4,8,16") from None
+    if not sizes or sizes[0] < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: at least one batch size, each >= 1")
+    return sizes
+
+
+def systems_of(plan: Plan) -> list[str]:
+    return [b.system for b in plan.blocks]
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=MODELS[0], choices=MODELS,
@@ -91,27 +106,33 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--merge", type=Path, default=None,
                     help="gpu_stack.json of an earlier run on this host (same plan and model, other systems): its "
                          "systems and pushes join this run's tables, JSON and plot, in the plan's order")
+    ap.add_argument("--cudagraph-capture-sizes", type=_sizes, default=None, metavar="N,N,...",
+                    help="vLLM's CUDA graph batch sizes for every system (default: vLLM's, 35 sizes up to 2x "
+                         "max_num_seqs; fewer sizes start each engine faster, the same on every system)")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and its estimate only")
     return ap
 
 
-def prepare_adapters(ctx: Context) -> None:
-    """Every adapter of the plan written, and pushed where loraplex runs (only loraplex reads
-    the store through ``loraplex adapters push``; ray.serve.llm's launcher uploads the folders
-    itself); folders the stock servers and the engine alone do not read are removed once pushed
-    (only the store keeps them)."""
+def write_local_adapters(ctx: Context) -> None:
+    """The folders the stock servers and the engine alone read (ray.serve.llm's launcher uploads
+    them itself); adapters only loraplex reads are written by ``push_adapters``."""
     local = ctx.plan.families(("vllm-lora", "ray-llm", "engine-alone"))
-    root = ctx.workdir / "adapters"
-    pushed = ctx.plan.families(("loraplex",))
-    for rank, count in sorted(ctx.plan.families().items()):
-        if not pushed.get(rank):
-            folders = write_adapters(ctx.assets, root, rank, list(range(local.get(rank, 0))),
-                                     expert_lora=ctx.plan.workload.expert_lora)
-            ctx.adapters.update(folders)
-            continue
+    for rank, count in sorted(local.items()):
+        ctx.adapters.update(write_adapters(ctx.assets, ctx.workdir / "adapters", rank, list(range(count)),
+                                           expert_lora=ctx.plan.workload.expert_lora))
+
+
+def push_adapters(ctx: Context) -> None:
+    """Every adapter loraplex addresses pushed with ``loraplex adapters push`` (written first where
+    its folder is not there yet; folders no other system reads are removed once pushed: only the
+    store keeps them). Raises SystemExit on the first failed push."""
+    t0 = time.perf_counter()
+    local = ctx.plan.families(("vllm-lora", "ray-llm", "engine-alone"))
+    for rank, count in sorted(ctx.plan.families(("loraplex",)).items()):
         for start in range(0, count, PUSH_BATCH):
             indices = list(range(start, min(start + PUSH_BATCH, count)))
-            folders = write_adapters(ctx.assets, root, rank, indices, expert_lora=ctx.plan.workload.expert_lora)
+            folders = write_adapters(ctx.assets, ctx.workdir / "adapters", rank, indices,
+                                     expert_lora=ctx.plan.workload.expert_lora)
             with ThreadPoolExecutor(PUSH_WORKERS if ctx.assets.gpu else 1) as pool:
                 records = list(pool.map(push, [ctx] * len(indices), folders.values(), folders.keys(),
                                         map(tenant_of, indices), [rank] * len(indices)))
@@ -121,10 +142,9 @@ def prepare_adapters(ctx: Context) -> None:
                       + ("" if rec.ok else f": {rec.output}"), flush=True)
                 if not rec.ok:
                     raise SystemExit(f"loraplex adapters push failed for {adapter}: {rec.output}")
-                if i < local.get(rank, 0):
-                    ctx.adapters[adapter] = folder
-                else:
+                if i >= local.get(rank, 0):
                     shutil.rmtree(folder, ignore_errors=True)
+    print(f"adapters written and pushed in {time.perf_counter() - t0:.0f} s", flush=True)
 
 
 def merge_reports(earlier: StackReport, later: StackReport, plan_name: str | None, model: str) -> tuple[StackReport, Plan]:
@@ -147,6 +167,9 @@ def merge_reports(earlier: StackReport, later: StackReport, plan_name: str | Non
 
 
 def _stop_on_sigterm(signum, frame) -> None:
+    from benchmarks.stacks.process import hurry
+
+    hurry()  # whoever sent this SIGKILLs soon: the servers and engines must be gone before
     raise SystemExit(128 + signum)  # unwinds the launchers and the S3 server: nothing is left running
 
 
@@ -166,6 +189,11 @@ def main(argv: list[str] | None = None) -> int:
     report = StackReport(date=time.strftime("%Y-%m-%d %H:%M:%S %Z"), command=shlex.join([sys.executable, *sys.argv]),
                          plan=plan.model_dump(), estimate_s=sum(s for _, s in estimate(plan)), host=host_info())
     print(f"host: {report.host}; work folder {workdir}", flush=True)
+    out_dir = Path(args.out).resolve() if args.out else workdir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if busy := gpu_processes():
+        raise SystemExit("the GPU is in use before the run (an earlier run's server or engine left behind?): "
+                         + "; ".join(busy) + ". Stop those processes first: every system needs the whole GPU.")
     assets = prepare_model(args.model, workdir)
     tenants = workdir / "tenants.yaml"
     keys = write_tenants(tenants)
@@ -179,24 +207,38 @@ def main(argv: list[str] | None = None) -> int:
                       serve_cfg=cfg, engine_args={}, store=store, keys=keys, adapters={}, vocab=vocab,
                       special=special, host=report.host, timeout_s=args.timeout)
         try:
-            t_push = time.perf_counter()
-            prepare_adapters(ctx)
-            print(f"adapters written and pushed in {time.perf_counter() - t_push:.0f} s", flush=True)
-            free = shutil.disk_usage(workdir).free
+            write_local_adapters(ctx)
+            # loraplex's pushes run while its engine starts (runner.run_server_block): what they
+            # will take of the disk (moto's temporary files) is left out of its cache
+            res = resources(plan)
+            free = shutil.disk_usage(workdir).free - (0 if args.s3_in_memory else int(res.get("store", 0) * 2**30))
             ctx.serve_cfg = host_config(assets, workdir, store.uri, store.endpoint, tenants,
-                                        int(free * CACHE_SHARE_OF_FREE_DISK))
+                                        max(int(free * CACHE_SHARE_OF_FREE_DISK), 0))
+            if args.cudagraph_capture_sizes:
+                engine = ctx.serve_cfg["applications"][0]["args"]["engine"]
+                engine.setdefault("extra_engine_args", {})["cudagraph_capture_sizes"] = args.cudagraph_capture_sizes
+            if "loraplex" in systems_of(plan):
+                ctx.push_job = push_adapters
             write_yaml(ctx.serve_cfg, ctx.serve_config)
             ctx.engine_args = report.engine = stock_engine_args(ctx.serve_cfg)
             print(f"engine arguments of every system: {ctx.engine_args}", flush=True)
             fifo = raise_priority()  # the servers are started at the normal policy by their launchers
             report.notes.append(f"load generator priority: {'SCHED_FIFO' if fifo else 'normal'}")
-            report.systems = run_plan(ctx)
+            partial = out_dir / "gpu_stack.partial.json"
+
+            def keep(run) -> None:  # what has finished survives a stop at the time limit
+                report.systems.append(run)
+                report.pushes, report.wall_s = ctx.pushes, time.perf_counter() - t0
+                partial.write_text(report.model_dump_json(indent=1))
+
+            run_plan(ctx, keep)
+            partial.unlink(missing_ok=True)
         finally:
             report.pushes = ctx.pushes
     report.wall_s = time.perf_counter() - t0
     if args.merge:
         report, plan = merge_reports(StackReport.model_validate_json(args.merge.read_text()), report, args.plan, args.model)
-    print(write_outputs(report, plan, Path(args.out).resolve() if args.out else workdir))
+    print(write_outputs(report, plan, out_dir))
     print(f"wall time {report.wall_s / 60:.1f} min (estimate {report.estimate_s / 60:.1f} min)")
     failed = [s.system for s in report.systems if s.system != "ray-llm"
               and (s.error or any(p.result.aggregate.failures for p in s.phases))]

@@ -31,3 +31,22 @@ def host_info() -> dict[str, str]:
     info["gpu"] = name.strip() or "none (CPU)"
     info["driver"] = driver.strip() or "none"
     return info
+
+
+def gpu_processes() -> list[str]:
+    """``"pid <p> (<MiB> MiB): <command>"`` for every process holding GPU memory now; empty
+    without a GPU (no nvidia-smi)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                             check=False, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    busy = []
+    for line in out.stdout.splitlines() if out.returncode == 0 else []:
+        pid, _, mib = (x.strip() for x in line.partition(","))
+        try:
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            cmd = "?"
+        busy.append(f"pid {pid} ({mib} MiB): {cmd[:160]}")
+    return busy

@@ -64,6 +64,7 @@ class SystemRun(BaseModel):
     log: str | None = Field(None, description="Its log file.")
     error: str | None = Field(None, description="Why it did not run or stopped early.")
     first_start_error: str | None = Field(None, description="Why a first start failed, when it was started twice.")
+    notes: list[str] = Field(default_factory=list, description="How this system's run differed from the others'.")
 
 
 class PushRecord(BaseModel):

@@ -6,8 +6,10 @@ concurrency, adapters addressed (0: the base model), their rank, popularity, req
 token counts. Phases of the same name get the same prompts on every system.
 
 Plans: ``tiny`` (the embedded model on a CPU: concurrency 2 and 1, 4 requests each, attention
-adapters), ``default`` (the seed workload on every system, loraplex's working set larger than its
-slots and one cold start, the routing check; about 10 minutes on one H200) and ``full`` (every
+adapters), ``default`` (the seed workload on every system at concurrency 16, 1 and 64,
+loraplex's working set larger than its slots and one cold start, the routing check; about 20
+minutes on one H200, so run as a few commands of one or two systems each, each later one with
+``--merge`` of the one before) and ``full`` (every
 variant: concurrency 1/4/16/64, ranks 16 and 64, 32 and 64 adapters over the slots, three cold
 starts).
 """
@@ -134,7 +136,7 @@ def build_plan(name: str, model: str, systems: tuple[str, ...] = SYSTEMS) -> Pla
                          requests=n, input_len=w.input_len, output_len=w.output_len)
 
     c = w.concurrency
-    concs = [c, 1] if name == "tiny" else [c] if name == "default" else [c, 1, 4, 64]
+    concs = [c, 1] if name == "tiny" else [c, 1, 4 * c] if name == "default" else [c, 1, 4, 4 * c]
     base = [phase(f"c{k}", k, 0) for k in concs]
     lora = [phase(f"c{k}", k, w.adapters) for k in concs]
     if name == "full":
@@ -162,15 +164,18 @@ class Profile(BaseModel):
     model_s: float = Field(description="Model folder (and tokenizer, or the embedded default) made.")
     write_s_per_gib: float = Field(description="Writing adapter files.")
     push_s: float = Field(description="Fixed cost of one `loraplex adapters push` (process start, validation).")
-    push_s_per_gib: float = Field(description="Validation, hashing and upload per GiB.")
+    push_s_per_gib: float = Field(description="Upload per GiB at the store: the local S3 server takes one upload at "
+                                              "a time's worth of bytes whatever the number of pushes at once.")
     push_workers: int = Field(description="Pushes run at once.")
     cold_start_s: float = Field(description="One cold start: its two requests (the push counted apart).")
 
 
 PROFILES = {
-    "gpu": Profile(start_s={"vllm-base": 70, "vllm-lora": 80, "ray-llm": 15, "loraplex": 110, "engine-alone": 40},
-                   stop_s=10, route_check_s=45, decode_step_ms=11, lora_step_ms=17, prefill_tok_s=40000,
-                   model_s=20, write_s_per_gib=2.0, push_s=4, push_s_per_gib=9, push_workers=4, cold_start_s=4),
+    # starts as measured on a fresh H200 machine (vLLM's compile caches cold; CUDA graphs for
+    # max_num_seqs 128 take ~110 s of an engine's ~190 s init); pushes: 11 GiB in 210 s
+    "gpu": Profile(start_s={"vllm-base": 180, "vllm-lora": 190, "ray-llm": 15, "loraplex": 240, "engine-alone": 200},
+                   stop_s=10, route_check_s=120, decode_step_ms=11, lora_step_ms=17, prefill_tok_s=40000,
+                   model_s=20, write_s_per_gib=2.0, push_s=4, push_s_per_gib=17, push_workers=4, cold_start_s=20),
     "cpu": Profile(start_s={"vllm-base": 60, "vllm-lora": 60, "ray-llm": 90, "loraplex": 120, "engine-alone": 50},
                    stop_s=15, route_check_s=50, decode_step_ms=40, lora_step_ms=60, prefill_tok_s=1500,
                    model_s=40, write_s_per_gib=20, push_s=12, push_s_per_gib=20, push_workers=1, cold_start_s=15),
@@ -201,14 +206,21 @@ def estimate(plan: Plan) -> list[tuple[str, float]]:
     prof = PROFILES["cpu" if plan.model == "embedded" else "gpu"]
     gib = {r: (adapter_bytes(r, plan.workload.expert_lora) if plan.model != "embedded" else 2**20) / 2**30
            for r in {*plan.families(), plan.workload.rank}}
-    fams = plan.families()
-    n_push = sum(fams.values())
-    push_gib = sum(n * gib[r] for r, n in fams.items())
+    local = plan.families(("vllm-lora", "ray-llm", "engine-alone"))
+    pushed = plan.families(("loraplex",))
+    n_push = sum(pushed.values())
+    push_gib = sum(n * gib[r] for r, n in pushed.items())
+    fresh_gib = sum(max(n - local.get(r, 0), 0) * gib[r] for r, n in pushed.items())
+    push_s = (fresh_gib * prof.write_s_per_gib + push_gib * prof.push_s_per_gib
+              + n_push * prof.push_s / prof.push_workers)
     steps = [("model folder", prof.model_s),
-             (f"write and push {n_push} adapters ({push_gib:.1f} GiB)",
-              push_gib * prof.write_s_per_gib + (push_gib * prof.push_s_per_gib + n_push * prof.push_s) / prof.push_workers)]
+             (f"write {sum(local.values())} adapters", sum(n * gib[r] for r, n in local.items()) * prof.write_s_per_gib)]
     for b in plan.blocks:
-        s = prof.start_s[b.system] + prof.stop_s + sum(phase_s(p, prof) for p in b.phases)
+        start = prof.start_s[b.system]
+        if b.system == "loraplex" and n_push:  # its pushes run while it starts
+            steps.append((f"push {n_push} adapters ({push_gib:.1f} GiB) while loraplex starts", push_s))
+            start = max(start - push_s, 0.0)
+        s = start + prof.stop_s + sum(phase_s(p, prof) for p in b.phases)
         s += b.cold_starts * (prof.cold_start_s + prof.push_s + gib[plan.workload.rank] * (
             prof.write_s_per_gib + prof.push_s_per_gib))
         steps.append((b.system, s))

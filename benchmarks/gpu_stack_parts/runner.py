@@ -14,6 +14,8 @@ import shutil
 import time
 import traceback
 import zlib
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,6 +73,8 @@ class Context:
     host: dict[str, str]
     timeout_s: float
     pushes: list[PushRecord] = field(default_factory=list)
+    # loraplex's adapters pushed to the store: run while its engine starts (None once done)
+    push_job: Callable[[Context], None] | None = None
 
     @property
     def served_name(self) -> str:
@@ -119,8 +123,9 @@ def phase_ids(block: SystemBlock) -> list[str]:
     return list(dict.fromkeys(a for p in block.phases for a in adapter_ids(p.rank, p.adapters)))
 
 
-def make_launcher(ctx: Context, block: SystemBlock):
-    """The launcher of an HTTP system."""
+def make_launcher(ctx: Context, block: SystemBlock, probe_adapters: bool = True):
+    """The launcher of an HTTP system (``probe_adapters``: loraplex's start ends with a request to
+    each seed adapter; off while they are still being pushed)."""
     from benchmarks.stacks.ray_llm import RayLlm
     from benchmarks.stacks.vllm_server import VllmServer
 
@@ -129,7 +134,8 @@ def make_launcher(ctx: Context, block: SystemBlock):
     if block.system == "loraplex":
         seed = adapter_ids(ctx.plan.workload.rank, ctx.plan.workload.adapters)
         keys = keys_for(ctx, ids + [cold_id(ctx.plan.workload.rank, k) for k in range(block.cold_starts)])
-        return systems.LoraplexH200(wd, ctx.assets.home, ctx.serve_config, keys, probe=[a for a in seed if a in ids],
+        probe = [a for a in seed if a in ids] if probe_adapters else []
+        return systems.LoraplexH200(wd, ctx.assets.home, ctx.serve_config, keys, probe=probe,
                                     env=systems.loraplex_env(ctx.assets, ctx.store.env))
     plugins, env = systems.stock_settings(ctx.assets)
     common = {"workdir": wd, "model": ctx.assets.model_dir, "engine_args": ctx.engine_args,
@@ -147,10 +153,24 @@ def run_server_block(ctx: Context, block: SystemBlock) -> SystemRun:
         out.error = f"ray.serve.llm does not import here: {why}"
         print(f"ray-llm: {out.error}", flush=True)
         return out
-    launcher, target = start_server(ctx, block, out)
+    pushing = None
+    if block.system == "loraplex" and ctx.push_job is not None:  # the store is filled while the engine starts
+        job, ctx.push_job = ctx.push_job, None
+        pushing = ThreadPoolExecutor(1, thread_name_prefix="pushes")
+        pushed = pushing.submit(job, ctx)
+        out.notes.append("adapters pushed while the server started: its start time includes that load on the host")
+    try:
+        launcher, target = start_server(ctx, block, out, probe_adapters=pushing is None)
+    finally:
+        if pushing is not None:
+            pushing.shutdown(wait=True)  # a failed push raises below, after the server is stopped
     if target is None:
+        if pushing is not None:
+            pushed.result()
         return out
     try:
+        if pushing is not None:
+            pushed.result()
         for phase in block.phases:
             out.phases.append(http_phase(ctx, phase, target))
             _log_phase(block.system, out.phases[-1])
@@ -166,12 +186,12 @@ def run_server_block(ctx: Context, block: SystemBlock) -> SystemRun:
     return out
 
 
-def start_server(ctx: Context, block: SystemBlock, out: SystemRun):
+def start_server(ctx: Context, block: SystemBlock, out: SystemRun, probe_adapters: bool = True):
     """The started launcher and its target; a start that fails is tried once more (a loaded host
     can fail one: Ray's node start timing out, say), and why the first failed is recorded; after
     a second failure the target is None and ``out.error`` says why."""
     for attempt in (1, 2):
-        launcher = make_launcher(ctx, block)
+        launcher = make_launcher(ctx, block, probe_adapters)
         out.log = str(launcher.log_path)
         print(f"{block.system}: starting ...", flush=True)
         try:
@@ -275,6 +295,11 @@ def route_check(ctx: Context, block: SystemBlock, target: TargetSpec, env: dict[
     return check
 
 
-def run_plan(ctx: Context) -> list[SystemRun]:
-    return [run_engine_block(ctx, b) if b.system == "engine-alone" else run_server_block(ctx, b)
-            for b in ctx.plan.blocks]
+def run_plan(ctx: Context, on_system: Callable[[SystemRun], None] = lambda run: None) -> list[SystemRun]:
+    """Every block in order; ``on_system`` gets each system's record as soon as it is complete
+    (the caller keeps it on disk, so a run stopped at a time limit keeps what it measured)."""
+    out = []
+    for b in ctx.plan.blocks:
+        out.append(run_engine_block(ctx, b) if b.system == "engine-alone" else run_server_block(ctx, b))
+        on_system(out[-1])
+    return out

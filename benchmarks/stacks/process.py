@@ -10,7 +10,9 @@ Stop: the leader gets the launcher's stop signal (it stops what it started: ``se
 SIGINT, SIGTERM aborts it; vLLM's server and ``loraplex serve`` take SIGTERM), its group SIGTERM
 after ``grace_s``, SIGKILL ``kill_grace_s`` later; then any process still carrying the marker gets
 SIGTERM and SIGKILL the same way. ``stop`` raises when a process survives that, and records which
-processes outlived their leader (``stragglers``).
+processes outlived their leader (``stragglers``). After ``hurry()`` (the benchmark itself was told
+to stop, and whoever told it will SIGKILL it soon) every grace is at most ``HURRY_GRACE_S``, so
+the children are gone before their parent is, instead of outliving it on the GPU.
 
 ``Server`` is the launcher's frame: subclasses say what to run (``prepare``) and how to address it
 (``target``); ``start`` runs it and waits until a real one-token completion of the base model
@@ -37,6 +39,19 @@ from benchmarks.loadgen.spec import TargetSpec
 from tests.helpers.net import free_port
 from tests.helpers.paths import REPO
 from tests.helpers.stack import stack_env
+
+HURRY_GRACE_S = 5.0
+_hurried = False
+
+
+def hurry() -> None:
+    """From now on, stops wait at most ``HURRY_GRACE_S`` per step."""
+    global _hurried
+    _hurried = True
+
+
+def _grace(seconds: float) -> float:
+    return min(seconds, HURRY_GRACE_S) if _hurried else seconds
 
 MARKER_ENV = "LPX_STACK_ID"
 READY_TIMEOUT_S = 900.0
@@ -130,11 +145,11 @@ class ChildProcess:
         if self.proc.poll() is None:
             self.proc.send_signal(self.stop_signal)
             try:
-                self.proc.wait(self.grace_s)
+                self.proc.wait(_grace(self.grace_s))
             except subprocess.TimeoutExpired:
                 self._killpg(signal.SIGTERM)
                 try:
-                    self.proc.wait(self.kill_grace_s)
+                    self.proc.wait(_grace(self.kill_grace_s))
                 except subprocess.TimeoutExpired:
                     self._killpg(signal.SIGKILL)
                     self.proc.wait()
@@ -144,7 +159,7 @@ class ChildProcess:
         if left:
             self._killpg(signal.SIGTERM)
             _signal_pids(left, signal.SIGTERM)
-            left = _wait_gone(self.pids, self.kill_grace_s)
+            left = _wait_gone(self.pids, _grace(self.kill_grace_s))
         if left:
             self._killpg(signal.SIGKILL)
             _signal_pids(left, signal.SIGKILL)

@@ -44,7 +44,9 @@ def test_the_default_plan_is_the_seed_workload_and_full_adds_the_variants():
     default, full = build_plan("default", "gptoss-mxfp4"), build_plan("full", "gptoss-mxfp4")
     w = default.workload
     assert (w.input_len, w.output_len, w.concurrency, w.adapters, w.rank, w.slots) == (1600, 600, 16, 8, 32, 8)
-    assert {p.concurrency for b in default.blocks for p in b.phases} == {16}
+    # the seed concurrency, one request at a time and 4x the seed: the plot's three points per system
+    assert {p.concurrency for b in default.blocks for p in b.phases} == {1, 16, 64}
+    assert all(p.concurrency == 16 for b in default.blocks for p in b.phases if p.name.startswith("ws"))
     assert {p.concurrency for b in full.blocks for p in b.phases} == {1, 4, 16, 64}
     assert full.families() == {16: 8, 32: 64, 64: 8}
     assert full.families(("vllm-lora", "engine-alone")) == {16: 8, 32: 8, 64: 8}
@@ -63,10 +65,23 @@ def test_plans_restricted_and_mismatched():
 def test_the_estimate_adds_up_and_orders_the_plans():
     default, full = build_plan("default", "gptoss-mxfp4"), build_plan("full", "gptoss-mxfp4")
     steps = estimate(default)
-    assert [s for s, _ in steps][2:] == [*SYSTEMS, "engine-alone routing check"]
+    names = [s for s, _ in steps]
+    push = next(n for n in names if n.startswith("push "))
+    assert names[2:] == [*SYSTEMS[:3], push, *SYSTEMS[3:], "engine-alone routing check"]
+    assert names[1] == "write 8 adapters" and "16 adapters" in push and "while loraplex starts" in push
     assert all(t > 0 for _, t in steps)
-    assert sum(t for _, t in estimate(full)) > 2 * sum(t for _, t in steps)
-    assert 5 * 60 < sum(t for _, t in steps) < 15 * 60  # "about 10 minutes on one H200"
+    assert sum(t for _, t in estimate(full)) > 1.5 * sum(t for _, t in steps)
+    assert 15 * 60 < sum(t for _, t in steps) < 30 * 60  # "about 20 minutes on one H200"
+    # loraplex's pushes overlap its start: the two together take the longer of them
+    prof = PROFILES["gpu"]
+    lp = next(b for b in default.blocks if b.system == "loraplex")
+    rest = prof.stop_s + sum(phase_s(p, prof) for p in lp.phases)
+    cold = dict(steps)["loraplex"] - rest
+    assert dict(steps)[push] + max(prof.start_s["loraplex"] - dict(steps)[push], 0) == pytest.approx(
+        max(prof.start_s["loraplex"], dict(steps)[push]))
+    assert cold > 0  # the cold start's own push and requests
+    without = estimate(build_plan("default", "gptoss-mxfp4", tuple(s for s in SYSTEMS if s != "loraplex")))
+    assert not any(n.startswith("push ") for n, _ in without)
     text = format_plan(default)
     assert "estimate:" in text and "total" in text and "adapter bytes" in text
     # a phase: its waves of prefill and decode, plus the warm-up's
