@@ -4,6 +4,10 @@
 #   bash scripts/gpu_stack.sh OUT_DIR [default|full] [further options of python3 -m benchmarks.gpu_stack]
 # The work folder (model folder, adapters, configs, server logs) is $GPU_STACK_WORKDIR (default
 # /tmp/loraplex-gpu-stack); adapter folders written there are reused by the next run.
+# Under a time limit, give the kill a minute after the TERM (`timeout -k 60 540 bash scripts/gpu_stack.sh ...`):
+# the benchmark then stops every server and engine within seconds (benchmarks/stacks/process.py hurry()).
+# The default plan takes ~20 min on one H200: run it as a few commands of one or two systems each
+# (--systems), each later one with --merge OUT_DIR_OF_THE_ONE_BEFORE/gpu_stack.json, on one machine start.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?OUT_DIR}
