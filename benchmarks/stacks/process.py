@@ -66,6 +66,14 @@ def _normal_scheduling() -> None:
         pass
 
 
+def cmdline(pid: int | str) -> str:
+    """The command line of ``pid`` (arguments joined by spaces); empty when it is gone."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
 def marked_pids(marker: str) -> list[int]:
     """Live processes whose environment carries ``LPX_STACK_ID=marker`` (zombies excluded)."""
     needle = f"{MARKER_ENV}={marker}".encode()
