@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
+import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import httpx
@@ -26,10 +29,11 @@ def _token_ids(logprobs: dict) -> list[int]:
     return [int(t.split(":")[1]) for t in logprobs["tokens"]]
 
 
-def complete(stack, headers: dict, body: dict, timeout: float = 300, first_token=None) -> Completion:
+def complete(stack, headers: dict, body: dict, timeout: float = 300,
+             on_token: Callable[[Completion], None] | None = None) -> Completion:
     """A completion (``body`` as the client sends it) with token ids: ``return_tokens_as_token_ids``
-    and ``logprobs`` are added (``logprobs`` defaults to 1). ``first_token`` (an Event) is set when
-    a stream's first token arrives."""
+    and ``logprobs`` are added (``logprobs`` defaults to 1). ``on_token`` is called with the
+    completion so far at each event of a stream that carries tokens."""
     body = {"logprobs": 1, **body, "return_tokens_as_token_ids": True}
     url = stack.base_url + "/v1/completions"
     if not body.get("stream"):
@@ -64,8 +68,8 @@ def complete(stack, headers: dict, body: dict, timeout: float = 300, first_token
                     if choice.get("logprobs"):
                         out.tokens += _token_ids(choice["logprobs"])
                         out.top_logprobs += choice["logprobs"]["top_logprobs"]
-                        if first_token is not None:
-                            first_token.set()
+                        if on_token is not None:
+                            on_token(out)
     return out
 
 
@@ -75,18 +79,38 @@ class StreamInChild:
     back at every event; on a busy 2-core host each hand-back also waits for the scheduler, and the
     test's main thread (publishing, polling Ray) then gets almost no time until the stream ends.
 
-    ``first_token`` is set at the stream's first token, ``finished`` when the response is read to
-    its end (before the result travels back); ``result()`` is the ``Completion``."""
+    ``first_token`` is set at the stream's first token (``replica`` then names the engine replica
+    that answers), ``finished`` when the response is read to its end (before the result travels
+    back); ``result()`` is the ``Completion``.
 
-    def __init__(self, stack, headers: dict, body: dict, timeout: float = 300) -> None:
+    ``freeze``: pids the child stops (SIGSTOP) at the first token, before ``first_token`` is set,
+    so a step the test takes "mid-stream" happens while the stream cannot end, however long the
+    host keeps the test waiting; ``thaw()`` continues them (call it in a ``finally``)."""
+
+    def __init__(self, stack, headers: dict, body: dict, timeout: float = 300, freeze: tuple[int, ...] = ()) -> None:
         ctx = multiprocessing.get_context("spawn")
         self.first_token, self.finished = ctx.Event(), ctx.Event()
+        self._replica = ctx.Array("c", 256)
         self._results = ctx.SimpleQueue()
         self._timeout = timeout
+        self._frozen = tuple(freeze)
         self._proc = ctx.Process(target=_stream_child, daemon=True, name="stream-in-child",
-                                 args=(stack.base_url, headers, body, timeout, self.first_token, self.finished,
-                                       self._results))
+                                 args=(stack.base_url, headers, body, timeout, self.first_token, self._replica,
+                                       self.finished, self._results, self._frozen))
         self._proc.start()
+
+    @property
+    def replica(self) -> str | None:
+        """The answering engine replica, once ``first_token`` is set."""
+        return self._replica.value.decode() or None
+
+    def thaw(self) -> None:
+        """SIGCONT to every frozen pid that still exists (idempotent)."""
+        for pid in self._frozen:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
 
     def streaming(self) -> bool:
         """True while the response is still being read."""
@@ -109,11 +133,20 @@ class StreamInChild:
         return got
 
 
-def _stream_child(base_url: str, headers: dict, body: dict, timeout: float, first_token, finished, results) -> None:
+def _stream_child(base_url: str, headers: dict, body: dict, timeout: float, first_token, replica, finished,
+                  results, freeze: tuple[int, ...]) -> None:
     from types import SimpleNamespace
 
+    def at_token(so_far: Completion) -> None:
+        if first_token.is_set():
+            return
+        replica.value = (so_far.replica or "").encode()[:255]
+        for pid in freeze:
+            os.kill(pid, signal.SIGSTOP)
+        first_token.set()
+
     try:
-        got = complete(SimpleNamespace(base_url=base_url), headers, body, timeout, first_token=first_token)
+        got = complete(SimpleNamespace(base_url=base_url), headers, body, timeout, on_token=at_token)
     except Exception as e:  # the parent raises it (as text: not every exception pickles)
         got = RuntimeError(f"the stream failed: {e!r}")
     finished.set()

@@ -60,6 +60,20 @@ class ReplicaProbe:
     def replicas(self) -> list[dict]:
         return self._ask("residency")
 
+    def engine_cores(self) -> dict[str, int]:
+        """Each live replica's vLLM engine-core pid (the process under its actor that steps the engine)."""
+        return {v["replica"]: engine_core(v["pid"]) for v in self.replicas()}
+
+
+def engine_core(actor_pid: int) -> int:
+    """The pid of the vLLM engine-core process under a replica's actor process."""
+    import psutil
+
+    children = psutil.Process(actor_pid).children(recursive=True)
+    cores = [p.pid for p in children if "EngineCore" in " ".join([p.name()] + p.cmdline())]
+    assert len(cores) == 1, [(p.pid, p.name()) for p in children]
+    return cores[0]
+
 
 # ---- the child: an attached Ray driver -----------------------------------------------------------
 

@@ -13,6 +13,7 @@ the engine never uses).
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import pytest
@@ -49,11 +50,24 @@ def share(tenant: str, tokens: int) -> dict:
     return {"tenant": tenant, "weight": 1.0, "estimated_tokens": tokens + 1}
 
 
+def completion_tokens(sse: str) -> int:
+    """The completion tokens a usage event among these SSE events reports (0 when none does)."""
+    tokens = 0
+    for line in sse.splitlines():
+        if line.startswith("data: ") and line != "data: [DONE]":
+            usage = json.loads(line[len("data: "):]).get("usage")
+            if usage:
+                tokens = max(tokens, usage["completion_tokens"])
+    return tokens
+
+
 async def flood_then_polite(server, fair: bool, polite_body_priority: int | None = None) -> dict:
     """Three flood streams (two fill the batch, one waits), then one polite request; the times
     the flood streams ended and the polite request finished."""
-    flood_body = {"prompt": "flood", "max_tokens": FLOOD_TOKENS, "ignore_eos": True, "temperature": 0, "stream": True}
+    flood_body = {"prompt": "flood", "max_tokens": FLOOD_TOKENS, "ignore_eos": True, "temperature": 0,
+                  "stream": True, "stream_options": {"include_usage": True}}
     chunks = [0, 0, 0]
+    served = [0, 0, 0]  # completion tokens from each stream's usage chunk (a chunk may carry several tokens)
     ended: list[float] = []
 
     async def flood(i: int) -> None:
@@ -61,6 +75,7 @@ async def flood_then_polite(server, fair: bool, polite_body_priority: int | None
                                                  share=share("flood", FLOOD_TOKENS) if fair else None):
             if isinstance(item, str):
                 chunks[i] += 1
+                served[i] = max(served[i], completion_tokens(item))
         ended.append(time.monotonic())
 
     tasks = [asyncio.create_task(flood(0))]
@@ -76,7 +91,7 @@ async def flood_then_polite(server, fair: bool, polite_body_priority: int | None
     polite_done = time.monotonic()
     await asyncio.gather(*tasks)
     assert out["status"] == 200, out
-    assert min(chunks) >= FLOOD_TOKENS  # every flood stream got all its tokens (preempted ones resume)
+    assert served == [FLOOD_TOKENS] * 3, served  # every flood stream got all its tokens (preempted ones resume)
     return {"ended": sorted(ended), "polite_done": polite_done}
 
 
