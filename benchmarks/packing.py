@@ -15,7 +15,8 @@ at the peak load: Σ load large enough for the 10% criterion to mean something),
 ``uniform-large-adapters`` (as ``uniform``, adapters taking ``--large-adapter-load-ms`` to
 load: the 705 MiB GPT-OSS-20B adapter's cold start measured on this machine, RESULTS.md,
 adapter-registry). Each reports replicas needed (replica-seconds / duration) against Σ load /
-capacity, and TTFT p50/p99.
+capacity and against the whole-replica floor (the time mean of ⌈Σ load⌉: no autoscaler paying
+for whole replicas needs fewer), and TTFT p50/p99.
 
     python -m benchmarks.packing --json packing.json --plot packing.png
 """
@@ -66,13 +67,14 @@ def scenarios(args: argparse.Namespace) -> list[Scenario]:
 def print_table(runs: list[ScenarioResult], cal: Calibration) -> None:
     print(f"replica capacity: {cal.capacity_tokens_per_s:.0f} output tokens/s (batch {cal.batch_capacity}, "
           f"step {cal.step(cal.batch_capacity):.1f} ms)")
-    print(f"{'scenario':<24} {'policy':<15} {'replicas':>8} {'peak':>5} {'Σload':>6} {'ratio':>6} {'TTFT p50':>9} "
-          f"{'p99':>9} {'max':>9} {'>1s':>7} {'loads':>7} {'failed':>6}")
+    print(f"{'scenario':<24} {'policy':<15} {'replicas':>8} {'peak':>5} {'Σload':>6} {'ratio':>6} {'floor':>6} "
+          f"{'÷floor':>6} {'TTFT p50':>9} {'p99':>9} {'max':>9} {'>1s':>7} {'loads':>7} {'failed':>6}")
     for run in runs:
         for r in run.results:
             t = r.ttft_ms
             print(f"{run.scenario.name:<24} {r.policy:<15} {r.mean_replicas:8.2f} {r.peak_replicas:5d} {r.mean_load:6.2f} "
-                  f"{r.mean_replicas / r.mean_load:6.2f} {t.p50 if t else float('nan'):9.1f} "
+                  f"{r.mean_replicas / r.mean_load:6.2f} {r.floor_replicas:6.2f} {r.mean_replicas / r.floor_replicas:6.2f} "
+                  f"{t.p50 if t else float('nan'):9.1f} "
                   f"{t.p99 if t else float('nan'):9.1f} {r.ttft_max_ms or float('nan'):9.1f} {100 * r.over_1s:6.2f}% "
                   f"{r.adapter_loads:7d} {r.failed:6d}")
 

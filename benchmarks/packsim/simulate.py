@@ -52,6 +52,7 @@ class PolicyResult(BaseModel):
     mean_replicas: float = Field(description="Replica-seconds / duration: replicas needed.")
     peak_replicas: int
     mean_load: float = Field(description="Mean Σ load, in replicas: the ideal.")
+    floor_replicas: float = Field(description="Time mean of ⌈Σ load⌉ (at least min_replicas): the whole-replica floor.")
     peak_load: float
     adapter_loads: int
     series: list[SeriesPoint] = Field(default_factory=list)
@@ -210,7 +211,9 @@ class _Sim:
             failed=sum(len(r.failed) for r in self.replicas), ttft_ms=summarise(ttfts),
             ttft_max_ms=max(ttfts, default=None), over_1s=sum(x > 1000 for x in ttfts) / max(1, len(ttfts)),
             mean_replicas=self.replica_seconds / max(last_t, 1e-9), peak_replicas=self.peak,
-            mean_load=wl.mean_total_load(), peak_load=max(wl.total_load(wl.period_s / 2), wl.total_load(0)),
+            mean_load=wl.mean_total_load(),
+            floor_replicas=wl.mean_whole_replicas(self.autoscaler.spec.min_replicas if self.autoscaler else 1),
+            peak_load=max(wl.total_load(wl.period_s / 2), wl.total_load(0)),
             adapter_loads=sum(r.loads for r in self.replicas), series=series)
 
 

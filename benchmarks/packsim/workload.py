@@ -41,6 +41,13 @@ class WorkloadSpec(BaseModel):
     def mean_total_load(self, samples: int = 2000) -> float:
         return sum(self.total_load(self.duration_s * (k + 0.5) / samples) for k in range(samples)) / samples
 
+    def mean_whole_replicas(self, min_replicas: int = 1, samples: int = 2000) -> float:
+        """Time mean of ``max(min_replicas, ⌈Σ load(t)⌉)``: what an autoscaler that knew the load
+        and had replicas at once would pay for, every replica at a full batch (no policy does
+        better with whole replicas)."""
+        return sum(max(min_replicas, math.ceil(self.total_load(self.duration_s * (k + 0.5) / samples) - 1e-9))
+                   for k in range(samples)) / samples
+
 
 def tenant_name(i: int) -> str:
     return f"t{i:03d}"

@@ -54,6 +54,20 @@ def test_pooling_needs_about_the_load_and_far_fewer_replicas_than_one_per_tenant
     assert pooled.mean_replicas >= 0.95 * wl.mean_total_load()  # nothing serves faster than its capacity
 
 
+def test_the_whole_replica_floor_rounds_the_load_up_at_every_instant():
+    steady = small()  # Σ load 2.0 all the time
+    assert steady.mean_whole_replicas() == pytest.approx(2.0)
+    swing = small(diurnal_low=0.2, peak_tenant_load=0.05)  # Σ load from 0.2 to 1.0: one replica, always
+    assert swing.mean_whole_replicas() == pytest.approx(1.0) and swing.mean_total_load() == pytest.approx(0.6, abs=0.01)
+    assert swing.mean_whole_replicas(min_replicas=2) == pytest.approx(2.0)
+    # from 1.0 to 5.0 (cosine): ⌈Σ load⌉ steps through 1..5; above its mean, below the mean + 1
+    wide = small(diurnal_low=0.2, peak_tenant_load=0.25)
+    assert wide.mean_total_load() < wide.mean_whole_replicas() < wide.mean_total_load() + 1
+    r = simulate(wide, CAL, "loraplex", AUTOSCALE, adapter_slots=8)
+    assert r.floor_replicas == pytest.approx(wide.mean_whole_replicas())
+    assert r.mean_replicas >= 0.95 * r.floor_replicas  # no policy beats the floor (5 %: arrivals are random)
+
+
 def test_no_ttft_cliff_when_the_working_set_exceeds_the_slots():
     """40 adapters over replicas of 4 slots each: loraplex's router loads where a slot is free or
     evictable and never makes a request wait seconds; Serve's default router waits up to its
