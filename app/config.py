@@ -38,6 +38,10 @@ class DeploymentOptions(_Strict):
         None, description="Ray Serve autoscaling config (min_replicas, max_replicas, target_ongoing_requests, ...)."
     )
     max_ongoing_requests: int = Field(64, ge=1, description="Requests a replica accepts at once before Serve queues them.")
+    max_replicas_per_node: int | None = Field(
+        None, ge=1, description="At most this many replicas on one Ray node (1: one engine per node, so losing a "
+        "node loses one replica); None: Serve places them freely.",
+    )
     ray_actor_options: dict[str, Any] = Field(
         default_factory=dict, description="Ray actor options: num_cpus, num_gpus, resources, runtime_env."
     )

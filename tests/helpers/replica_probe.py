@@ -13,52 +13,35 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
+from tests.helpers.json_lines_child import JsonLinesChild
 from tests.helpers.paths import REPO
 
 ENGINE_PREFIX = "SERVE_REPLICA::loraplex#Engine#"
 
 
-class ReplicaProbe:
+class ReplicaProbe(JsonLinesChild):
     """``with ReplicaProbe(stack) as probe: probe.replicas()`` → one residency dict per live
     engine replica, with ``pid`` (its actor process) added."""
+
+    what = "replica probe"
 
     def __init__(self, stack) -> None:
         self.ray_tmp = stack.env["RAY_TMPDIR"]
 
     def __enter__(self) -> "ReplicaProbe":
-        env = dict(os.environ, RAY_AUTH_MODE="token", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
-                   PYTHONPATH=str(REPO))
-        self.proc = subprocess.Popen([sys.executable, "-m", __name__, self.ray_tmp], cwd=REPO, env=env,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                     text=True, bufsize=1)
-        self._ask("ping")
+        self._spawn(__name__, self.ray_tmp, env=dict(os.environ, RAY_AUTH_MODE="token",
+                                                     RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", PYTHONPATH=str(REPO)))
+        self._send("ping")
         return self
 
     def __exit__(self, *exc) -> None:
-        if self.proc.poll() is None:
-            self.proc.stdin.close()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-    def _ask(self, command: str):
-        self.proc.stdin.write(command + "\n")
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"replica probe exited with {self.proc.wait()}")
-        answer = json.loads(line)
-        if "error" in answer:
-            raise RuntimeError(f"replica probe: {answer['error']}")
-        return answer["result"]
+        self._close(30)
 
     def replicas(self) -> list[dict]:
-        return self._ask("residency")
+        return self._send("residency")["result"]
 
     def engine_cores(self) -> dict[str, int]:
         """Each live replica's vLLM engine-core pid (the process under its actor that steps the engine)."""
