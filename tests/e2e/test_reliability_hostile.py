@@ -177,7 +177,7 @@ def test_client_gone_aborts_the_request_and_unpins_the_adapter(serve_stack, repl
     headers = _add_key(serve_stack, f"rel-gone-{adapter}", adapters=[adapter], max_concurrency=1)
     base = json.dumps({"model": BASE, "prompt": "x", "max_tokens": 1}).encode()
     body = {"model": adapter, "prompt": "x", "max_tokens": 1000, "ignore_eos": True, "stream": stream}
-    cores = list(replica_probe.engine_cores().values())
+    engines = replica_probe.engine_processes()
     leaver = _raw_request(serve_stack, headers, {**body, "max_tokens": 2000})
     frozen = False
     try:
@@ -185,14 +185,14 @@ def test_client_gone_aborts_the_request_and_unpins_the_adapter(serve_stack, repl
             assert b"data: {" in leaver.recv(4096) or b"data: {" in leaver.recv(4096)  # the stream is flowing
         else:  # running in an engine before the first probe: a probe admitted first would refuse the leaver
             _wait(lambda: _active(replica_probe, adapter)[0] >= 1, what="the leaving request to run in an engine")
-            for pid in cores:  # the engines stopped, so the leaver cannot finish while the probes look
+            for pid in engines:  # the engines stopped, so the leaver cannot finish while the probes look
                 os.kill(pid, signal.SIGSTOP)
             frozen = True
             _slot_taken(serve_stack, base, headers, leaver)  # refused at admission: no engine needed
     finally:
         leaver.close()
         if frozen:
-            for pid in cores:
+            for pid in engines:
                 os.kill(pid, signal.SIGCONT)
     _wait(lambda: _post(serve_stack, "completions", base, headers).status_code == 200,
           what="the admission slot back after the client left")

@@ -43,6 +43,13 @@ class ReplicaProbe(JsonLinesChild):
     def replicas(self) -> list[dict]:
         return self._send("residency")["result"]
 
+    def engine_processes(self) -> list[int]:
+        """Every process under every live replica's actor (its vLLM engine core, workers and their
+        helpers, whatever their titles)."""
+        import psutil
+
+        return [p.pid for v in self.replicas() for p in psutil.Process(v["pid"]).children(recursive=True)]
+
     def engine_cores(self) -> dict[str, int]:
         """Each live replica's vLLM engine-core pid (the process under its actor that steps the engine)."""
         return {v["replica"]: engine_core(v["pid"]) for v in self.replicas()}
