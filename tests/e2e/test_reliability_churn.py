@@ -198,7 +198,7 @@ def test_new_version_mid_stream_and_no_prefix_reuse_across_versions(serve_stack,
     base = BaseModelInfo.from_model_dir(embedded_model_dir)
     # every engine core stops at the v1 stream's first token and goes on once v2 is in the store
     streamer = StreamInChild(serve_stack, serve_stack.headers("acme"), body,
-                             freeze=tuple(replica_probe.engine_cores().values()))
+                             freeze=tuple(pid for pids in replica_probe.engine_processes().values() for pid in pids))
     try:
         assert streamer.first_token.wait(120)  # the v1 stream is under way when v2 appears
         started = time.monotonic()

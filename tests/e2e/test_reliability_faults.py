@@ -136,22 +136,23 @@ def test_invalid_tenants_file_keeps_the_old_table(serve_stack):
 
 
 def test_engine_killed_mid_stream(serve_stack, replica_probe, stack_invariants):
-    """SIGKILL of one replica's engine process while it streams: the stream ends with an error
+    """SIGKILL of one replica's engine processes while it streams: the stream ends with an error
     event (no silent truncation), the other replica keeps serving (503 + Retry-After at most while
     the router learns), Serve replaces the replica, and the new one's slot table is its engine's.
-    Every engine core is stopped at the stream's first token (``StreamInChild``'s freeze), so the
+    Every engine process is stopped at the stream's first token (``StreamInChild``'s freeze), so the
     kill lands mid-stream however slowly the host runs the test."""
     from tests.conftest import ENGINE_REPLICAS
 
     headers = serve_stack.headers("acme")
     body = _body("acme-support", 900, stream=True)
-    cores = replica_probe.engine_cores()
-    streamer = StreamInChild(serve_stack, headers, body, freeze=tuple(cores.values()))
+    engines = replica_probe.engine_processes()
+    streamer = StreamInChild(serve_stack, headers, body, freeze=tuple(pid for pids in engines.values() for pid in pids))
     try:
         assert streamer.first_token.wait(120)
         victim = streamer.replica
-        assert victim in cores, (victim, sorted(cores))
-        os.kill(cores[victim], signal.SIGKILL)
+        assert engines.get(victim), (victim, engines)
+        for pid in engines[victim]:  # the replica's engine processes crash together
+            os.kill(pid, signal.SIGKILL)
     finally:
         streamer.thaw()
     got = streamer.result(300)

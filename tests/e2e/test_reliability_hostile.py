@@ -177,7 +177,7 @@ def test_client_gone_aborts_the_request_and_unpins_the_adapter(serve_stack, repl
     headers = _add_key(serve_stack, f"rel-gone-{adapter}", adapters=[adapter], max_concurrency=1)
     base = json.dumps({"model": BASE, "prompt": "x", "max_tokens": 1}).encode()
     body = {"model": adapter, "prompt": "x", "max_tokens": 1000, "ignore_eos": True, "stream": stream}
-    engines = replica_probe.engine_processes()
+    engines = [pid for pids in replica_probe.engine_processes().values() for pid in pids]
     leaver = _raw_request(serve_stack, headers, {**body, "max_tokens": 2000})
     frozen = False
     try:

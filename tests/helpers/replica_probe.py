@@ -43,26 +43,13 @@ class ReplicaProbe(JsonLinesChild):
     def replicas(self) -> list[dict]:
         return self._send("residency")["result"]
 
-    def engine_processes(self) -> list[int]:
-        """Every process under every live replica's actor (its vLLM engine core, workers and their
-        helpers, whatever their titles)."""
+    def engine_processes(self) -> dict[str, list[int]]:
+        """Per live replica, every process under its actor: its vLLM engine core, workers and their
+        helpers, whatever their titles (a replica's engine, to stop or to kill)."""
         import psutil
 
-        return [p.pid for v in self.replicas() for p in psutil.Process(v["pid"]).children(recursive=True)]
-
-    def engine_cores(self) -> dict[str, int]:
-        """Each live replica's vLLM engine-core pid (the process under its actor that steps the engine)."""
-        return {v["replica"]: engine_core(v["pid"]) for v in self.replicas()}
-
-
-def engine_core(actor_pid: int) -> int:
-    """The pid of the vLLM engine-core process under a replica's actor process."""
-    import psutil
-
-    children = psutil.Process(actor_pid).children(recursive=True)
-    cores = [p.pid for p in children if "EngineCore" in " ".join([p.name()] + p.cmdline())]
-    assert len(cores) == 1, [(p.pid, p.name()) for p in children]
-    return cores[0]
+        return {v["replica"]: [p.pid for p in psutil.Process(v["pid"]).children(recursive=True)]
+                for v in self.replicas()}
 
 
 # ---- the child: an attached Ray driver -----------------------------------------------------------
