@@ -186,14 +186,20 @@ def test_client_gone_aborts_the_request_and_unpins_the_adapter(serve_stack, repl
         else:  # running in an engine before the first probe: a probe admitted first would refuse the leaver
             _wait(lambda: _active(replica_probe, adapter)[0] >= 1, what="the leaving request to run in an engine")
             for pid in engines:  # the engines stopped, so the leaver cannot finish while the probes look
-                os.kill(pid, signal.SIGSTOP)
+                try:
+                    os.kill(pid, signal.SIGSTOP)
+                except ProcessLookupError:  # a short-lived helper, gone since it was listed
+                    pass
             frozen = True
             _slot_taken(serve_stack, base, headers, leaver)  # refused at admission: no engine needed
     finally:
         leaver.close()
         if frozen:
             for pid in engines:
-                os.kill(pid, signal.SIGCONT)
+                try:
+                    os.kill(pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
     _wait(lambda: _post(serve_stack, "completions", base, headers).status_code == 200,
           what="the admission slot back after the client left")
     keeper = _Reader(serve_stack, headers, {**body, "max_tokens": 600, "stream": True})

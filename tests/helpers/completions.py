@@ -142,7 +142,10 @@ def _stream_child(base_url: str, headers: dict, body: dict, timeout: float, firs
             return
         replica.value = (so_far.replica or "").encode()[:255]
         for pid in freeze:
-            os.kill(pid, signal.SIGSTOP)
+            try:
+                os.kill(pid, signal.SIGSTOP)
+            except ProcessLookupError:  # a short-lived helper of the engine, gone since it was listed
+                pass
         first_token.set()
 
     try:
