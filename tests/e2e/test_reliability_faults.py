@@ -7,7 +7,6 @@ to S3 directly, so only the stack sees the faults."""
 
 from __future__ import annotations
 
-import os
 import signal
 import threading
 import time
@@ -18,7 +17,7 @@ import httpx
 import pytest
 
 from tests.helpers import admin
-from tests.helpers.completions import Completion, StreamInChild, complete
+from tests.helpers.completions import Completion, StreamInChild, complete, signal_each
 
 pytestmark = pytest.mark.e2e
 TOKENS = 48
@@ -151,11 +150,7 @@ def test_engine_killed_mid_stream(serve_stack, replica_probe, stack_invariants):
         assert streamer.first_token.wait(120)
         victim = streamer.replica
         assert engines.get(victim), (victim, engines)
-        for pid in engines[victim]:  # the replica's engine processes crash together
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        signal_each(engines[victim], signal.SIGKILL)  # the replica's engine processes crash together
     finally:
         streamer.thaw()
     got = streamer.result(300)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import collections
 import json
-import os
 import signal
 import socket
 import threading
@@ -17,6 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
+
+from tests.helpers.completions import signal_each
 
 pytestmark = pytest.mark.e2e
 BASE = "loraplex-base"
@@ -185,21 +186,13 @@ def test_client_gone_aborts_the_request_and_unpins_the_adapter(serve_stack, repl
             assert b"data: {" in leaver.recv(4096) or b"data: {" in leaver.recv(4096)  # the stream is flowing
         else:  # running in an engine before the first probe: a probe admitted first would refuse the leaver
             _wait(lambda: _active(replica_probe, adapter)[0] >= 1, what="the leaving request to run in an engine")
-            for pid in engines:  # the engines stopped, so the leaver cannot finish while the probes look
-                try:
-                    os.kill(pid, signal.SIGSTOP)
-                except ProcessLookupError:  # a short-lived helper, gone since it was listed
-                    pass
+            signal_each(engines, signal.SIGSTOP)  # the leaver cannot finish while the probes look
             frozen = True
             _slot_taken(serve_stack, base, headers, leaver)  # refused at admission: no engine needed
     finally:
         leaver.close()
         if frozen:
-            for pid in engines:
-                try:
-                    os.kill(pid, signal.SIGCONT)
-                except ProcessLookupError:
-                    pass
+            signal_each(engines, signal.SIGCONT)
     _wait(lambda: _post(serve_stack, "completions", base, headers).status_code == 200,
           what="the admission slot back after the client left")
     keeper = _Reader(serve_stack, headers, {**body, "max_tokens": 600, "stream": True})

@@ -13,6 +13,15 @@ from dataclasses import dataclass, field
 import httpx
 
 
+def signal_each(pids, sig: int) -> None:
+    """``sig`` to every pid that still exists (one gone since it was listed is skipped)."""
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
 @dataclass
 class Completion:
     status: int
@@ -106,11 +115,7 @@ class StreamInChild:
 
     def thaw(self) -> None:
         """SIGCONT to every frozen pid that still exists (idempotent)."""
-        for pid in self._frozen:
-            try:
-                os.kill(pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
+        signal_each(self._frozen, signal.SIGCONT)
 
     def streaming(self) -> bool:
         """True while the response is still being read."""
@@ -141,11 +146,7 @@ def _stream_child(base_url: str, headers: dict, body: dict, timeout: float, firs
         if first_token.is_set():
             return
         replica.value = (so_far.replica or "").encode()[:255]
-        for pid in freeze:
-            try:
-                os.kill(pid, signal.SIGSTOP)
-            except ProcessLookupError:  # a short-lived helper of the engine, gone since it was listed
-                pass
+        signal_each(freeze, signal.SIGSTOP)
         first_token.set()
 
     try:
