@@ -109,6 +109,11 @@ class EngineConfig(_Strict):
         "relaying its flood does not cost every tenant host time. None: off.",
     )
     heavy_tenant_stream_interval: int = Field(16, ge=1, description="Tokens per streamed chunk for a heavy tenant's streams.")
+    shape_warmup: bool = Field(
+        True, description="Before the replica takes traffic, one base-model step of every token-count class up to "
+        "max_num_batched_tokens (app.engine.shape_warmup), so kernels that compile a variant per class do it then, "
+        "not in the middle of serving.",
+    )
     extra_engine_args: dict[str, Any] = Field(
         default_factory=dict, description="Further vLLM AsyncEngineArgs fields, passed through unchanged."
     )

@@ -19,7 +19,7 @@ import tomllib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-DIST = "loraplex_checkout-0.dist-info"
+DIST_NAME = "loraplex-checkout"
 
 
 def project_entry_points(pyproject: Path) -> dict[str, dict[str, str]]:
@@ -41,10 +41,16 @@ def parse_extra(values: list[str]) -> dict[str, dict[str, str]]:
     return groups
 
 
-def write_dist_info(target: Path, groups: dict[str, dict[str, str]]) -> Path:
-    dist = target / DIST
+def write_dist_info(target: Path, groups: dict[str, dict[str, str]], name: str = DIST_NAME) -> Path:
+    """``target/<name>-0.dist-info`` declaring ``groups``' entry points; returned.
+
+    ``importlib.metadata`` keeps only the first distribution of a name on ``sys.path``, so a
+    folder written for another purpose (a benchmark's plugin) must use a name of its own, or it
+    hides the checkout's entry points wherever it comes first.
+    """
+    dist = target / f"{name.replace('-', '_')}-0.dist-info"
     dist.mkdir(parents=True, exist_ok=True)
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: loraplex-checkout\nVersion: 0\n")
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0\n")
     text = "".join(f"[{group}]\n" + "".join(f"{n} = {t}\n" for n, t in sorted(points.items()))
                    + "\n" for group, points in sorted(groups.items()))
     (dist / "entry_points.txt").write_text(text)

@@ -28,7 +28,7 @@ from ray import serve
 
 from adapters_registry.manifest import AdapterManifest
 from app.config import AppConfig
-from app.engine import fair_share
+from app.engine import fair_share, shape_warmup
 from app.engine.manifests import ManifestCache
 from app.errors import EngineUnavailable, NotReady, describe, error_body
 from app.observability.engine import EngineRecorder
@@ -78,6 +78,7 @@ class EngineServer:
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(ecfg.cpu_kvcache_space_gib)
         os.environ["LORAPLEX_PREEMPT_MARGIN"] = str(ecfg.priority_preempt_margin)  # read by the engine core
         self.serving = await vllm_serving.start_engine(ecfg)
+        self.shape_warmup = await shape_warmup.run(self.serving.engine, ecfg.seed) if ecfg.shape_warmup else None
         self.chat_request_cls, self.completion_request_cls, self.error_cls = vllm_serving.request_types()
         self._error_from_exception = vllm_serving.error_from_exception
         self._vllm = vllm_serving
@@ -133,7 +134,7 @@ class EngineServer:
     async def residency(self) -> dict[str, Any]:
         """The slot table (LRU order), the adapters the vLLM engine has registered (its
         ``lora_int_id``s: always those of the table; None once the engine died), the requests
-        it holds, and the disk cache of this replica."""
+        it holds, the disk cache of this replica and what its shape warm-up ran (None: off)."""
         alive = not self._vllm.engine_dead(self.serving)
         return {
             "replica": self.replica,
@@ -144,6 +145,7 @@ class EngineServer:
             "engine_lora_ids": sorted(await self.lora_ops.list_loras()) if alive else None,
             "engine_requests": self._vllm.unfinished_requests(self.serving),
             "cache": {"used_bytes": self.cache.used_bytes, "entries": self.cache.snapshot()},
+            "shape_warmup": self.shape_warmup.model_dump() if self.shape_warmup else None,
         }
 
     async def pin_adapter(self, manifest: dict) -> dict[str, Any]:

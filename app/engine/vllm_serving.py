@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import vllm
+from pydantic import BaseModel, Field
 from starlette.datastructures import State
 
 from app.config import EngineConfig
@@ -156,6 +157,23 @@ async def start_engine(cfg: EngineConfig) -> OpenAIServing:
     state = State()
     await init_app_state(ObservedEngineClient(engine, current_sink), state, args, supported)
     return OpenAIServing(engine, state.openai_serving_chat, state.openai_serving_completion, state.openai_serving_models)
+
+
+class EngineLimits(BaseModel):
+    """The limits an engine resolved (vLLM's defaults applied) that the shape warm-up needs."""
+
+    max_num_batched_tokens: int = Field(description="Token budget of one scheduler step.")
+    max_model_len: int = Field(description="Context length.")
+    vocab_size: int = Field(description="The model's vocabulary (its embedding rows).")
+
+
+def engine_limits(engine: Any) -> EngineLimits:
+    """``engine``'s (an ``AsyncLLM``) resolved limits, from its ``vllm_config`` (same fields in
+    both supported releases)."""
+    vc = engine.vllm_config
+    return EngineLimits(max_num_batched_tokens=vc.scheduler_config.max_num_batched_tokens,
+                        max_model_len=vc.model_config.max_model_len,
+                        vocab_size=vc.model_config.get_vocab_size())
 
 
 def engine_dead(serving: OpenAIServing) -> bool:

@@ -5,7 +5,9 @@ The parent writes an ``EngineJob`` (the Serve config whose engine section lorapl
 replaced for this job, the adapter folders, the phases' load specs) and runs
 ``python -m benchmarks.gpu_stack_parts.engine_alone JOB OUT`` as a child process of its own
 (``benchmarks.stacks.process.ChildProcess``: normal scheduling, everything it started stopped);
-the child starts the engine, runs every phase back to back and writes an ``EngineOutput``.
+the child starts the engine, runs loraplex's built-in shape warm-up where the engine section has it
+on (as a replica does before it is ready), the shape sweep every system gets, then every phase
+back to back, and writes an ``EngineOutput``.
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, Field
 
-from benchmarks.gpu_stack_parts.models import PhaseResult
+from app.engine.shape_warmup import ShapeWarmupReport
+from benchmarks.gpu_stack_parts.models import PhaseResult, ShapeSweep
 from benchmarks.gpu_stack_parts.routes import LOG_ENV
-from benchmarks.loadgen.spec import LoadSpec
+from benchmarks.loadgen.spec import LoadResult, LoadSpec
 
 
 class JobPhase(BaseModel):
@@ -39,13 +42,16 @@ class EngineJob(BaseModel):
     serve_config: Path = Field(description="Serve config whose first application's engine section is the engine.")
     engine_update: dict[str, Any] = Field(default_factory=dict, description="EngineConfig fields replaced.")
     adapters: dict[str, Path] = Field(default_factory=dict, description="Adapter id -> PEFT folder.")
+    shape_sweep: list[LoadSpec] = Field(default_factory=list, description="The sweep's requests, each sent alone.")
     phases: list[JobPhase] = Field(default_factory=list)
 
 
 class EngineOutput(BaseModel):
     """What the child wrote."""
 
-    start_s: float | None = Field(None, description="AsyncLLM construction to ready.")
+    start_s: float | None = Field(None, description="AsyncLLM construction to ready (the built-in warm-up included).")
+    shape_warmup: ShapeWarmupReport | None = Field(None, description="The built-in warm-up (None: off).")
+    shape_sweep: ShapeSweep | None = None
     phases: list[PhaseResult] = Field(default_factory=list)
     error: str | None = None
 
@@ -64,10 +70,18 @@ async def run_job(job: EngineJob, out_path: Path) -> EngineOutput:
     t0 = time.perf_counter()
     engine = engine_from_config(cfg)
     try:
+        if cfg.shape_warmup:
+            from app.engine import shape_warmup
+
+            out.shape_warmup = await shape_warmup.run(engine, cfg.seed)
         out.start_s = time.perf_counter() - t0
+        target = EngineTarget(engine, lora_requests(job.adapters))
+        if job.shape_sweep:
+            t_sweep = time.perf_counter()
+            results = [await target.run_load(spec) for spec in job.shape_sweep]
+            out.shape_sweep = sweep_record(job.shape_sweep, results, time.perf_counter() - t_sweep)
         if log := os.environ.get(LOG_ENV):  # the routing check counts the requests' forwards only
             Path(log).write_text("")
-        target = EngineTarget(engine, lora_requests(job.adapters))
         for phase in job.phases:
             warm = await target.run_load(phase.warmup) if phase.warmup else None
             result = await target.run_load(phase.measure)
@@ -76,6 +90,19 @@ async def run_job(job: EngineJob, out_path: Path) -> EngineOutput:
             out_path.write_text(out.model_dump_json())  # a phase at a time: a killed run keeps its phases
     finally:
         engine.shutdown()
+    return out
+
+
+def sweep_record(specs: list[LoadSpec], results: list[LoadResult], total_s: float) -> ShapeSweep:
+    """The ``ShapeSweep`` of one request per spec (``results`` in the same order), printed."""
+    records = [r.records[0] for r in results]
+    out = ShapeSweep(token_counts=[s.input_len for s in specs], failures=sum(not r.ok for r in records),
+                     seconds=[round(r.e2e_ms / 1000, 4) if r.e2e_ms is not None else -1.0 for r in records],
+                     total_s=round(total_s, 3))
+    slowest = max(range(len(out.seconds)), key=out.seconds.__getitem__)
+    print(f"shape sweep: {len(specs)} requests of {out.token_counts[0]}..{out.token_counts[-1]} tokens in "
+          f"{total_s:.1f} s, {out.failures} failed (slowest: {out.token_counts[slowest]} tokens, "
+          f"{out.seconds[slowest]:.2f} s)", flush=True)
     return out
 
 

@@ -19,6 +19,18 @@ class PhaseResult(BaseModel):
     result: LoadResult = Field(description="The measured phase.")
 
 
+class ShapeSweep(BaseModel):
+    """One base-model request per token-count class (``app.engine.shape_warmup.token_counts``),
+    one at a time, before a system's phases: every system's kernels compile their variants here,
+    not in a measured phase."""
+
+    token_counts: list[int] = Field(default_factory=list, description="Prompt tokens of each request, in order.")
+    seconds: list[float] = Field(default_factory=list, description="Wall seconds of each request.")
+    failures: int = Field(0, description="Requests that failed.")
+    total_s: float | None = Field(None, description="Wall seconds of the sweep.")
+    error: str | None = Field(None, description="Why no sweep ran.")
+
+
 class ColdStart(BaseModel):
     """A fresh adapter pushed while the server runs, then its first and second request."""
 
@@ -58,6 +70,7 @@ class SystemRun(BaseModel):
     started_at: str | None = Field(None, description="Wall-clock time the start began.")
     start_s: float | None = Field(None, description="Seconds from start to ready (a real completion answered).")
     stop_s: float | None = Field(None, description="Seconds the stop took.")
+    shape_sweep: ShapeSweep | None = Field(None, description="The token-count sweep before the phases.")
     phases: list[PhaseResult] = Field(default_factory=list)
     cold_starts: list[ColdStart] = Field(default_factory=list)
     route_check: RouteCheck | None = None

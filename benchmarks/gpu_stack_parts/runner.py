@@ -2,6 +2,10 @@
 measurements (cold starts, the routing check), stopped; a system that fails is recorded and the
 run goes on with the next.
 
+Before its phases every system gets the same shape sweep (``ShapeSweep``: one base-model request
+per token-count class up to the engines' step limit), so no system compiles a kernel variant in a
+measured phase; loraplex's replica and the engine alone also run their own built-in warm-up.
+
 Each phase is two load specs of the same name-derived seed (``load_specs``): a short warm-up
 (every adapter and every worker once, a few output tokens, its own prompts) and the measured
 closed loop; both go to the HTTP load generator for a server and to the in-process target for
@@ -22,11 +26,12 @@ from typing import Any
 
 from benchmarks.gpu_stack_parts import systems
 from benchmarks.gpu_stack_parts.assets import ModelAssets, write_adapters
-from benchmarks.gpu_stack_parts.engine_alone import EngineJob, JobPhase
+from benchmarks.gpu_stack_parts.engine_alone import EngineJob, JobPhase, sweep_record
 from benchmarks.gpu_stack_parts.models import (
     ColdStart,
     PhaseResult,
     PushRecord,
+    ShapeSweep,
     SystemRun,
 )
 from benchmarks.gpu_stack_parts.plan import (
@@ -119,6 +124,40 @@ def http_phase(ctx: Context, phase: PhaseSpec, target: TargetSpec) -> PhaseResul
                        warmup_failures=warm.aggregate.failures, result=run(spec))
 
 
+def sweep_limit(ctx: Context) -> int | None:
+    """The largest one-step prompt of the engines (``max_num_batched_tokens`` capped below
+    ``max_model_len``, as loraplex's warm-up computes it); None when the plan sets neither."""
+    from app.engine.shape_warmup import step_limit
+
+    engine = ctx.serve_cfg["applications"][0]["args"]["engine"]
+    batched, length = engine.get("max_num_batched_tokens"), engine.get("max_model_len")
+    if batched is None or length is None:
+        return None
+    return step_limit(int(batched), int(length))
+
+
+def sweep_specs(ctx: Context, target: TargetSpec) -> list[LoadSpec]:
+    """The sweep's requests against ``target``: one base-model request per token-count class up
+    to ``sweep_limit`` (none when the plan sets no limit), each sent alone."""
+    from app.engine.shape_warmup import token_counts
+
+    limit = sweep_limit(ctx)
+    return [LoadSpec(target=target, include_base=True, input_len=n, output_len=1, temperature=0.0, concurrency=1,
+                     num_requests=1, vocab_size=ctx.vocab, exclude_token_ids=ctx.special,
+                     seed=zlib.crc32(f"shape-sweep-{n}".encode()), timeout_s=ctx.timeout_s)
+            for n in (token_counts(limit) if limit is not None else [])]
+
+
+def shape_sweep(ctx: Context, target: TargetSpec) -> ShapeSweep:
+    """The sweep over HTTP, one request at a time."""
+    specs = sweep_specs(ctx, target)
+    if not specs:
+        return ShapeSweep(error="the engine section sets no max_num_batched_tokens or max_model_len")
+    t0 = time.perf_counter()
+    results = [run(spec) for spec in specs]
+    return sweep_record(specs, results, time.perf_counter() - t0)
+
+
 def phase_ids(block: SystemBlock) -> list[str]:
     return list(dict.fromkeys(a for p in block.phases for a in adapter_ids(p.rank, p.adapters)))
 
@@ -168,6 +207,7 @@ def run_server_block(ctx: Context, block: SystemBlock) -> SystemRun:
     try:
         if pushed is not None:
             pushed.result()  # a failed push raises here, and the server is stopped below
+        out.shape_sweep = shape_sweep(ctx, target)
         for phase in block.phases:
             out.phases.append(http_phase(ctx, phase, target))
             _log_phase(block.system, out.phases[-1])
@@ -252,7 +292,7 @@ def run_engine_block(ctx: Context, block: SystemBlock) -> SystemRun:
     wd = ctx.workdir / block.system
     wd.mkdir(parents=True, exist_ok=True)
     job = EngineJob(serve_config=ctx.serve_config, adapters={a: ctx.adapters[a] for a in ids},
-                    phases=[JobPhase(name=p.name, warmup=w, measure=m)
+                    shape_sweep=sweep_specs(ctx, target), phases=[JobPhase(name=p.name, warmup=w, measure=m)
                             for p in block.phases for w, m in [load_specs(ctx, p, target)]])
     print(f"{block.system}: starting ...", flush=True)
     result, child = systems.run_engine_child(wd, block.system, job, env)
@@ -262,6 +302,7 @@ def run_engine_block(ctx: Context, block: SystemBlock) -> SystemRun:
         result, child = systems.run_engine_child(wd, block.system, job, env)
     out.command, out.env, out.log = systems.command_of(child), systems.path_env(child.env), str(child.log_path)
     out.start_s, out.phases, out.error = result.start_s, result.phases, result.error
+    out.shape_sweep = result.shape_sweep
     for p in out.phases:
         _log_phase(block.system, p)
     if block.route_check:
@@ -278,7 +319,7 @@ def route_check(ctx: Context, block: SystemBlock, target: TargetSpec, env: dict[
                     temperature=TEMPERATURE, concurrency=w.concurrency, num_requests=w.concurrency,
                     vocab_size=ctx.vocab, exclude_token_ids=ctx.special, seed=zlib.crc32(b"route-check"),
                     timeout_s=ctx.timeout_s)
-    job = EngineJob(serve_config=ctx.serve_config, engine_update={"enforce_eager": True},
+    job = EngineJob(serve_config=ctx.serve_config, engine_update={"enforce_eager": True, "shape_warmup": False},
                     adapters={a: ctx.adapters[a] for a in ids}, phases=[JobPhase(name="route-check", measure=spec)])
     route_env = {**env, LOG_ENV: str(log), TOKENS_ENV: str(w.concurrency), FORWARDS_ENV: "256"}
     print(f"{block.system}: routing check (eager engine) ...", flush=True)

@@ -2,7 +2,9 @@
 
 Every figure is read from the report; one that was not measured prints as ``missing`` with why,
 never as a number. Seed phase: the plan's seed concurrency with its seed adapters (``c<conc>``).
-Decode step = TPOT p50; tok/s per request = the mean of the requests' output tokens/s.
+Decode step = inter-token latency p50 (a request's TPOT also holds any step stalled by a kernel
+compile or a prefill mixed into the batch; the median gap between tokens is the plain step);
+tok/s per request = the mean of the requests' output tokens/s.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ def _phase(report: StackReport, system: str, phase: str) -> PhaseResult | None:
 
 
 def figure(report: StackReport, system: str, phase: str, what: str) -> tuple[float | None, str]:
-    """``(value, why missing)`` of ``ttft``/``tpot`` (p50, ms), ``ttft_p99`` or ``rate`` (tok/s per request)."""
+    """``(value, why missing)`` of ``ttft``/``tpot``/``itl`` (p50, ms), ``ttft_p99`` or ``rate`` (tok/s per request)."""
     s = _system(report, system)
     if s is None:
         return None, f"{system} not in this run"
@@ -34,7 +36,8 @@ def figure(report: StackReport, system: str, phase: str, what: str) -> tuple[flo
     if a.failures:
         return None, f"{system} {phase}: {a.failures} of {a.requests} requests failed"
     value = {"ttft": a.ttft_ms and a.ttft_ms.p50, "ttft_p99": a.ttft_ms and a.ttft_ms.p99,
-             "tpot": a.tpot_ms and a.tpot_ms.p50, "rate": a.tokens_per_s_per_request}[what]
+             "tpot": a.tpot_ms and a.tpot_ms.p50, "itl": a.itl_ms and a.itl_ms.p50,
+             "rate": a.tokens_per_s_per_request}[what]
     return (value, "") if value is not None else (None, f"{system} {phase}: no {what}")
 
 
@@ -52,7 +55,7 @@ def _fmt(v: float | None, unit: str = "", digits: int = 2) -> str:
 def system_table(report: StackReport, plan: Plan) -> list[str]:
     """One row per system at the seed phase, ratios against (a), (b) and (c)."""
     seed = f"c{plan.workload.concurrency}"
-    tpot_a, _ = figure(report, "vllm-base", seed, "tpot")
+    step_a, _ = figure(report, "vllm-base", seed, "itl")
     ttft_a, _ = figure(report, "vllm-base", seed, "ttft")
     rate_b, _ = figure(report, "vllm-lora", seed, "rate")
     rate_c, _ = figure(report, "ray-llm", seed, "rate")
@@ -62,15 +65,16 @@ def system_table(report: StackReport, plan: Plan) -> list[str]:
 
     rows = [(f"seed phase {seed}: {plan.workload.concurrency} concurrent, {plan.workload.input_len} in / "
             f"{plan.workload.output_len} out"),
-            ("| system | start s | decode step (TPOT p50) ms, × (a) | out tok/s per request, × (b), × (c) "
-            "| TTFT p50 ms, × (a) | versions | note |"), "|---|---|---|---|---|---|---|"]
+            ("| system | start s | decode step (ITL p50) ms, × (a) | TPOT p50 ms | out tok/s per request, × (b), × (c) "
+            "| TTFT p50 ms, × (a) | versions | note |"), "|---|---|---|---|---|---|---|---|"]
     for s in report.systems:
-        tpot, why1 = figure(report, s.system, seed, "tpot")
+        step, why1 = figure(report, s.system, seed, "itl")
+        tpot, _ = figure(report, s.system, seed, "tpot")
         rate, why2 = figure(report, s.system, seed, "rate")
         ttft, why3 = figure(report, s.system, seed, "ttft")
         note = short_error(s.error or why1 or why2 or why3 or "")
         v = s.versions
-        rows.append(f"| {s.label} | {_fmt(s.start_s, digits=0)} | {_fmt(tpot)}{ratio(tpot, tpot_a)} "
+        rows.append(f"| {s.label} | {_fmt(s.start_s, digits=0)} | {_fmt(step)}{ratio(step, step_a)} | {_fmt(tpot)} "
                     f"| {_fmt(rate, digits=1)}{ratio(rate, rate_b)}{ratio(rate, rate_c)} "
                     f"| {_fmt(ttft, digits=1)}{ratio(ttft, ttft_a)} | vLLM {v.get('vllm', '?')}, torch "
                     f"{v.get('torch', '?')}, Ray {v.get('ray', '?')}, {v.get('gpu', '?')} | {note} |")
@@ -113,7 +117,7 @@ def targets_table(report: StackReport, plan: Plan) -> list[str]:
         text = f"{r:.2f}× ({x:.2f} / {y:.2f})" + (f"; goal {goal}×: {'met' if r <= goal else 'not met'}" if goal else "")
         return _row(target, text, r >= bound if above else r <= bound)
 
-    rows.append(ratio_row("(d) decode step ≤ 1.25× (a) (goal 1.10×)", "tpot", "loraplex", "vllm-base", 1.25, False,
+    rows.append(ratio_row("(d) decode step (ITL p50) ≤ 1.25× (a) (goal 1.10×)", "itl", "loraplex", "vllm-base", 1.25, False,
                           1.10))
     rows.append(ratio_row("(d) out tok/s per request ≥ 1.5× (b)", "rate", "loraplex", "vllm-lora", 1.5, True))
     rows.append(ratio_row("(d) out tok/s per request ≥ (c)", "rate", "loraplex", "ray-llm", 1.0, True))

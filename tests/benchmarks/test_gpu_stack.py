@@ -1,6 +1,7 @@
 """``benchmarks/gpu_stack.py``: the plans, their order and estimate; the same requests for every
 system; targets without figures print as missing; and the engine-alone target run for real on
-the embedded model (its records: every request's tokens, TTFT within its end-to-end time)."""
+the embedded model (the shape warm-up and sweep first; its records: every request's tokens, TTFT
+within its end-to-end time)."""
 
 from __future__ import annotations
 
@@ -126,14 +127,16 @@ def test_targets_without_figures_print_as_missing():
 @pytest.mark.e2e
 def test_engine_alone_target_measures_every_request(loraplex_home, embedded_model_dir, tmp_path):
     from adapters_registry.stores import open_store
+    from app.engine.shape_warmup import token_counts
     from benchmarks.gpu_stack_parts.engine_alone import EngineJob, JobPhase
+    from benchmarks.gpu_stack_parts.runner import Context, sweep_specs
     from benchmarks.gpu_stack_parts.systems import run_engine_child
     from benchmarks.loadgen.workload import model_vocab
 
     adapter = "acme-support"
     folder = loraplex_home / "store" / adapter / str(open_store((loraplex_home / "store").as_uri()).get(adapter).version)
     engine = {"model": str(embedded_model_dir), "dtype": "float32", "max_model_len": 256, "max_num_seqs": 4,
-              "max_loras": 1, "max_cpu_loras": 1, "max_lora_rank": 8,
+              "max_num_batched_tokens": 256, "max_loras": 1, "max_cpu_loras": 1, "max_lora_rank": 8,
               "lora_target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"], "cpu_kvcache_space_gib": 1}
     config = tmp_path / "serve.yaml"
     config.write_text(yaml.safe_dump({"applications": [{"name": "x", "import_path": "app.main:build_app",
@@ -142,11 +145,17 @@ def test_engine_alone_target_measures_every_request(loraplex_home, embedded_mode
     spec = LoadSpec(target=TargetSpec(name="engine-alone", base_url="in-process", base_model="loraplex-base"),
                     adapters=[adapter], input_len=8, output_len=6, concurrency=2, num_requests=4, warmup_requests=2,
                     vocab_size=vocab, exclude_token_ids=special, temperature=1.0)
-    job = EngineJob(serve_config=config, adapters={adapter: folder},
+    ctx = Context(plan=None, workdir=tmp_path, assets=None, serve_config=config, serve_cfg=yaml.safe_load(config.read_text()),
+                  engine_args={}, store=None, keys={}, adapters={}, vocab=vocab, special=special, host={}, timeout_s=60)
+    job = EngineJob(serve_config=config, adapters={adapter: folder}, shape_sweep=sweep_specs(ctx, spec.target),
                     phases=[JobPhase(name="c2", warmup=spec.model_copy(update={"output_len": 2}), measure=spec)])
     out, child = run_engine_child(tmp_path, "engine-alone", job, {"LORAPLEX_HOME": str(loraplex_home)})
     assert out.error is None, out.error
     assert out.start_s and out.start_s > 0 and child.pids() == []
+    # the built-in warm-up (as a replica runs it) and the sweep every system gets, each request alone
+    assert out.shape_warmup.limit == 255 and out.shape_warmup.token_counts == token_counts(255)
+    sweep = out.shape_sweep
+    assert sweep.token_counts == token_counts(255) and sweep.failures == 0 and min(sweep.seconds) > 0, sweep
     (phase,) = out.phases
     assert phase.warmup_requests == 4 and phase.warmup_failures == 0
     r = phase.result

@@ -1,0 +1,96 @@
+"""Shape warm-up: one forward of every token-count class before a replica takes traffic.
+
+Triton kernels on the serving path (triton_kernels' MXFP4 GEMMs and routing, the MoE sort)
+compile a variant per class of the step's token count: Triton specialises integer arguments on
+``== 1`` and ``% 16 == 0``, and the kernels' launch heuristics pick block sizes from the next
+power of two of per-expert token counts. vLLM's own warm-up covers the CUDA-graph capture sizes
+only, so a mixed step of, say, 1615 tokens compiled in the middle of serving and stalled every
+stream of the batch for seconds.
+
+``token_counts(limit)``: for each power of two ``p`` up to ``limit``, ``p`` and ``p + 1`` (the
+multiple-of-16 and the unaligned variant of each class), and ``limit`` itself. ``warm_shapes``
+sends one request per count, one at a time, so each engine step holds exactly that many tokens:
+a prompt of distinct random token ids (no prefix-cache hit can shorten it) and one output token.
+The ids are drawn from the first ``PROMPT_ID_RANGE`` ids, which every tokenizer holds as ordinary
+tokens (vLLM refuses ids past the tokenizer's own vocabulary, which can be smaller than the
+model's embedding).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+import uuid
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+logger = logging.getLogger(__name__)
+PROMPT_ID_RANGE = 1000
+
+
+class ShapeWarmupReport(BaseModel):
+    """What a warm-up ran."""
+
+    token_counts: list[int] = Field(description="Tokens of the step each warm-up request made, in order.")
+    seconds: list[float] = Field(description="Wall seconds of each request (a compile shows as an outlier).")
+    total_s: float = Field(description="Wall seconds of the whole warm-up.")
+    limit: int = Field(description="Largest step: the engine's max_num_batched_tokens, capped below max_model_len.")
+
+
+def token_counts(limit: int) -> list[int]:
+    """Step sizes that cover every token-count class up to ``limit`` (sorted, unique, ≥ 1)."""
+    if limit < 1:
+        raise ValueError(f"limit must be >= 1, got {limit}")
+    out = {limit}
+    p = 1
+    while p <= limit:
+        out.add(p)
+        if p + 1 <= limit:
+            out.add(p + 1)
+        p *= 2
+    return sorted(out)
+
+
+def step_limit(max_num_batched_tokens: int, max_model_len: int) -> int:
+    """Largest prompt that runs as one step and leaves room for its one output token."""
+    return max(1, min(max_num_batched_tokens, max_model_len - 1))
+
+
+def _prompt(n: int, vocab_size: int, rng: random.Random) -> list[int]:
+    return [rng.randrange(min(vocab_size, PROMPT_ID_RANGE)) for _ in range(n)]
+
+
+async def warm_shapes(engine: Any, counts: list[int], vocab_size: int, seed: int = 0) -> tuple[list[float], float]:
+    """One base-model request per entry of ``counts`` through ``engine`` (vLLM's ``AsyncLLM``),
+    one at a time; returns each request's seconds and the total. Raises what the engine raises."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(max_tokens=1, temperature=0.0)
+    rng = random.Random(seed)
+    seconds: list[float] = []
+    t_all = time.perf_counter()
+    for n in counts:
+        t0 = time.perf_counter()
+        request_id = f"loraplex-shape-warmup-{n}-{uuid.uuid4().hex[:8]}"
+        async for _ in engine.generate({"prompt_token_ids": _prompt(n, vocab_size, rng)}, params, request_id):
+            pass
+        seconds.append(time.perf_counter() - t0)
+    return seconds, time.perf_counter() - t_all
+
+
+async def run(engine: Any, seed: int = 0) -> ShapeWarmupReport:
+    """The warm-up for ``engine``'s limits (read through ``app.engine.vllm_serving.engine_limits``)."""
+    from app.engine.vllm_serving import engine_limits
+
+    limits = engine_limits(engine)
+    limit = step_limit(limits.max_num_batched_tokens, limits.max_model_len)
+    counts = token_counts(limit)
+    seconds, total = await warm_shapes(engine, counts, limits.vocab_size, seed)
+    report = ShapeWarmupReport(token_counts=counts, seconds=[round(s, 4) for s in seconds], total_s=round(total, 3),
+                               limit=limit)
+    slowest = max(range(len(counts)), key=seconds.__getitem__)
+    logger.info("shape warm-up: %d steps of 1..%d tokens in %.2f s (slowest: %d tokens, %.2f s)", len(counts),
+                limit, total, counts[slowest], seconds[slowest])
+    return report
