@@ -30,6 +30,7 @@ from adapters_registry.manifest import AdapterManifest
 from app.config import AppConfig
 from app.engine import fair_share, shape_warmup
 from app.engine.manifests import ManifestCache
+from app.engine.start_log import StartLog
 from app.errors import EngineUnavailable, NotReady, describe, error_body
 from app.observability.engine import EngineRecorder
 from app.observability.registry_metrics import ReplicaRegistryMetrics
@@ -66,10 +67,16 @@ class EngineServer:
     through ``self.slots`` (the residency table)."""
 
     async def __init__(self, config: dict[str, Any]):
-        from adapters_registry.cache import AdapterCache
-        from adapters_registry.slots import AdapterSlots
-        from adapters_registry.stores import open_store
-        from app.engine import vllm_serving
+        from kernels.vllm.plugin import stack_dumps_from_env
+
+        stack_dumps_from_env()  # LORAPLEX_START_STACKS_S: where a slow start waits (ended by start_log.done)
+        self.replica = _replica_name()
+        self.start_log = start_log = StartLog(self.replica)
+        with start_log.phase("imports"):
+            from adapters_registry.cache import AdapterCache
+            from adapters_registry.slots import AdapterSlots
+            from adapters_registry.stores import open_store
+            from app.engine import vllm_serving
 
         self.cfg = AppConfig.model_validate(config)
         ecfg = self.cfg.engine
@@ -77,13 +84,16 @@ class EngineServer:
         if ecfg.cpu_kvcache_space_gib is not None:
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(ecfg.cpu_kvcache_space_gib)
         os.environ["LORAPLEX_PREEMPT_MARGIN"] = str(ecfg.priority_preempt_margin)  # read by the engine core
-        self.serving = await vllm_serving.start_engine(ecfg)
-        self.shape_warmup = await shape_warmup.run(self.serving.engine, ecfg.seed) if ecfg.shape_warmup else None
+        with start_log.phase("engine"):
+            self.serving = await vllm_serving.start_engine(ecfg)
+        self.shape_warmup = None
+        if ecfg.shape_warmup:
+            with start_log.phase("shape warm-up"):
+                self.shape_warmup = await shape_warmup.run(self.serving.engine, ecfg.seed)
         self.chat_request_cls, self.completion_request_cls, self.error_cls = vllm_serving.request_types()
         self._error_from_exception = vllm_serving.error_from_exception
         self._vllm = vllm_serving
         self.store = open_store(self.cfg.resolved_store_uri(), self.cfg.s3_endpoint_url)
-        self.replica = _replica_name()
         self.recorder = EngineRecorder(self.cfg.observability, self.replica)
         self.registry_metrics = registry_metrics = ReplicaRegistryMetrics(self.recorder.labels, self.replica)
         self.cache = AdapterCache(self.cfg.resolved_cache_dir() / _cache_name(), self.cfg.cache_max_bytes,
@@ -101,6 +111,7 @@ class EngineServer:
         self.started_at = time.time()  # the router packs onto older replicas (Serve stops the newest)
         self._newest_version: dict[str, int] = {}  # per adapter id: newest version requested here
         self.manifests = ManifestCache()  # validated once per (adapter, version), not per request
+        start_log.done()
 
     def __del__(self) -> None:
         """Replica shutdown (Serve calls this on the replica's event loop; garbage collection
@@ -134,7 +145,8 @@ class EngineServer:
     async def residency(self) -> dict[str, Any]:
         """The slot table (LRU order), the adapters the vLLM engine has registered (its
         ``lora_int_id``s: always those of the table; None once the engine died), the requests
-        it holds, the disk cache of this replica and what its shape warm-up ran (None: off)."""
+        it holds, the disk cache of this replica, what its shape warm-up ran (None: off) and the
+        phases of its start."""
         alive = not self._vllm.engine_dead(self.serving)
         return {
             "replica": self.replica,
@@ -146,6 +158,7 @@ class EngineServer:
             "engine_requests": self._vllm.unfinished_requests(self.serving),
             "cache": {"used_bytes": self.cache.used_bytes, "entries": self.cache.snapshot()},
             "shape_warmup": self.shape_warmup.model_dump() if self.shape_warmup else None,
+            "start_phases": [p.model_dump() for p in self.start_log.phases],
         }
 
     async def pin_adapter(self, manifest: dict) -> dict[str, Any]:

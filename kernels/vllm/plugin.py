@@ -20,15 +20,23 @@ Diagnostics: ``LORAPLEX_SYNC_DEBUG=1`` turns on PyTorch's CUDA sync debug mode i
 process (``torch.cuda.set_sync_debug_mode("warn")``): each place that makes the host wait for the
 GPU (``.item()``, blocking copies, ``nonzero``...) is reported once, with its file and line, in
 the process's log — the steps of an engine with and without LoRA can then be compared.
+``LORAPLEX_START_STACKS_S=N`` dumps the Python stacks of every thread of each vLLM process to its
+stderr every N seconds for its first ``LORAPLEX_START_STACKS_UNTIL_S`` seconds (default 900): where
+a slow engine start waits (the engine-core process's log says nothing until it has loaded).
 """
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
+import sys
+import threading
 
 SWITCH_ENV = "LORAPLEX_MOE_LORA"
 SYNC_DEBUG_ENV = "LORAPLEX_SYNC_DEBUG"
+STACKS_ENV, STACKS_UNTIL_ENV = "LORAPLEX_START_STACKS_S", "LORAPLEX_START_STACKS_UNTIL_S"
+_stack_dumps: list[threading.Timer] = []  # this process's end-of-dumps timer, once started
 logger = logging.getLogger(__name__)
 
 
@@ -52,12 +60,43 @@ def sync_debug_from_env() -> bool:
     return True
 
 
+def stack_dumps_from_env() -> float | None:
+    """``LORAPLEX_START_STACKS_S`` set: every thread's stack to stderr at that interval, until
+    ``LORAPLEX_START_STACKS_UNTIL_S`` seconds from now or ``stop_stack_dumps()``; returns the
+    interval (None: off, or already on in this process). ValueError names a bad setting."""
+    raw = os.environ.get(STACKS_ENV, "").strip()
+    if not raw or _stack_dumps:
+        return None
+    try:
+        every, until = float(raw), float(os.environ.get(STACKS_UNTIL_ENV, "900"))
+    except ValueError:
+        raise ValueError(f"{STACKS_ENV} and {STACKS_UNTIL_ENV} must be seconds, got {raw!r} and "
+                         f"{os.environ.get(STACKS_UNTIL_ENV)!r}") from None
+    if every <= 0 or until <= 0:
+        raise ValueError(f"{STACKS_ENV} and {STACKS_UNTIL_ENV} must be > 0")
+    faulthandler.dump_traceback_later(every, repeat=True, file=sys.__stderr__)  # fd 2 (a capture may replace sys.stderr)
+    timer = threading.Timer(until, faulthandler.cancel_dump_traceback_later)
+    timer.daemon = True
+    timer.start()
+    _stack_dumps.append(timer)
+    logger.warning("%s: stacks of process %d every %.0f s for %.0f s", STACKS_ENV, os.getpid(), every, until)
+    return every
+
+
+def stop_stack_dumps() -> None:
+    """Ends this process's stack dumps (a replica calls it once its start is over)."""
+    faulthandler.cancel_dump_traceback_later()
+    for timer in _stack_dumps:
+        timer.cancel()
+
+
 def register() -> None:
     """vLLM plugin hook: installs the path for the current platform and switch (each install
     is idempotent, so vLLM may call this more than once per process)."""
     from vllm.platforms import current_platform
 
     sync_debug_from_env()
+    stack_dumps_from_env()
     if current_platform.is_cpu():
         from kernels.vllm import cpu
 

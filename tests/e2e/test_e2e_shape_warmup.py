@@ -1,5 +1,6 @@
 """The shape warm-up on the real stack: every live engine replica ran one step of every
-token-count class before it took traffic, and vLLM's own step histogram shows those steps."""
+token-count class before it took traffic (a phase of its logged start), and vLLM's own step
+histogram shows those steps."""
 
 from __future__ import annotations
 
@@ -27,6 +28,10 @@ def test_every_replica_warmed_each_token_count_class_before_serving(serve_stack,
         assert report["limit"] >= 1024, report  # the session stack's max_model_len is 2048
         assert report["token_counts"] == token_counts(report["limit"]), report
         assert len(report["seconds"]) == len(report["token_counts"]) and min(report["seconds"]) > 0, report
+        phases = view["start_phases"]
+        assert [p["name"] for p in phases] == ["imports", "engine", "shape warm-up"], phases
+        warm = phases[-1]["seconds"]
+        assert warm >= report["total_s"] - 0.01 and all(p["seconds"] >= 0 for p in phases), phases
 
     # Each replica's warm-up ran steps of more than 1024 tokens; the suite's own prompts are far
     # shorter, so the engines' histogram can only hold these from the warm-up (or more).
