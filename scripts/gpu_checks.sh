@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # On a CUDA host with vLLM 0.24 (scripts/offline_install.sh, packages in /tmp/site): every test
-# file with GPU tests, then the MoE-LoRA and dense LoRA kernel benchmarks, logs into OUT_DIR.
-#   bash scripts/gpu_checks.sh OUT_DIR [tests|bench|all]
+# file with GPU tests, then the MoE-LoRA and dense LoRA kernel benchmarks, logs into OUT_DIR;
+# `engine`: the engine serving benchmark, bf16 then MXFP4 (no LoRA vs loraplex, the settings of
+# benchmarks/RESULTS.md's engine sections; ~10 min: a command of its own).
+#   bash scripts/gpu_checks.sh OUT_DIR [tests|bench|all|engine]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?OUT_DIR}
@@ -16,6 +18,14 @@ python3 -c "import vllm, torch, triton, sys; print('vllm', vllm.__version__, 'to
 python3 scripts/register_entry_points.py --target /tmp/site \
     --entry-point vllm.general_plugins:loraplex_balanced_dummy=benchmarks.engine.gpt_oss_dummy:register
 status=0
+if [ "$WHAT" = engine ]; then
+  for model in gptoss gptoss-mxfp4; do
+    python3 -m benchmarks.engine.serving --model "$model" --runs base,loraplex --max-graph 64 --burst-reps 2 \
+        --per-worker 2 --json "$OUT/engine_serving_$model.json" 2>&1 | tee "$OUT/engine_serving_$model.log" | tail -12
+    status=$(( status || PIPESTATUS[0] ))
+  done
+  exit "$status"
+fi
 if [ "$WHAT" != bench ]; then
   GPU_TESTS=(tests/kernels/test_triton_moe_lora.py tests/kernels/test_triton_moe_lora_rowmap.py
              tests/kernels/test_triton_dense_lora.py tests/kernels/test_triton_launch.py
