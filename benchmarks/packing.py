@@ -7,8 +7,10 @@ size, first-token and prefill time, adapter load time and the stall it causes, r
 time; the HTTP path's overhead from ``benchmarks/RESULTS.md``. Traffic: ``--tenants`` tenants,
 one adapter each, Zipf popularity, the most popular at ``--peak-tenant-load`` of a replica,
 diurnal swing down to ``--diurnal-low`` of the peak. The pooled policies autoscale as Ray
-Serve's default policy does (target: ``--target-fill`` of a full batch per replica); one replica
-per tenant is always on.
+Serve's default policy does (target: ``--target-fill`` of a full batch per replica), or, for
+``loraplex-demand``, as loraplex's demand policy does (``app.routing.autoscaling``: the same
+per-replica target, the demand's trend provisioned a replica's start ahead, ``--demand-*``); one
+replica per tenant is always on.
 
 Scenarios: ``zipf`` (exponent 0.5: a few busy tenants, a long tail), ``uniform`` (every tenant
 at the peak load: Σ load large enough for the 10% criterion to mean something), and
@@ -31,6 +33,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from app.routing.autoscaling import DemandSpec
 from benchmarks.packsim.autoscaler import AutoscaleSpec
 from benchmarks.packsim.calibration import Calibration
 from benchmarks.packsim.simulate import POLICIES, PolicyResult, simulate
@@ -132,6 +135,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="Serve's target_ongoing_requests as a fraction of the engine's batch capacity")
     ap.add_argument("--downscale-delay", type=float, default=120.0, help="Serve's downscale_delay_s")
     ap.add_argument("--upscale-delay", type=float, default=30.0, help="Serve's upscale_delay_s")
+    ap.add_argument("--demand-smooth", type=float, default=DemandSpec().smooth_s, help="demand policy: smooth_s")
+    ap.add_argument("--demand-look-back", type=float, default=DemandSpec().look_back_s, help="demand policy: look_back_s")
+    ap.add_argument("--demand-lead", type=float, default=None,
+                    help="demand policy: lead_s (default: the calibration's replica start time)")
+    ap.add_argument("--demand-downscale-delay", type=float, default=DemandSpec().downscale_delay_s,
+                    help="demand policy: downscale_delay_s")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None)
     ap.add_argument("--plot", default=None)
@@ -141,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     autoscale = AutoscaleSpec(upscale_delay_s=args.upscale_delay, downscale_delay_s=args.downscale_delay,
                               max_replicas=4 * args.tenants,
                               target_ongoing_requests=args.target_fill * cal.batch_capacity)
+    demand = DemandSpec(smooth_s=args.demand_smooth, look_back_s=args.demand_look_back,
+                        lead_s=cal.replica_start_s if args.demand_lead is None else args.demand_lead,
+                        downscale_delay_s=args.demand_downscale_delay)
     runs = []
     t0 = time.perf_counter()
     for sc in scenarios(args):
@@ -149,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         for policy in args.policy or POLICIES:
             print(f"{sc.name}: {policy} ...", flush=True)
             results.append(simulate(sc.workload, c, policy, autoscale, adapter_slots=args.slots,
-                                    max_loras=args.max_loras))
+                                    max_loras=args.max_loras, demand=demand))
         runs.append(ScenarioResult(scenario=sc, results=results))
     print(f"calibration: {cal.source}")
     print_table(runs, cal)

@@ -1,8 +1,9 @@
 """The event loop: arrivals, routing, replicas, autoscaling; what one policy costs and delivers.
 
 A policy is a router (``benchmarks.packsim.routers``) and how replicas are provisioned: Serve's
-autoscaler over a shared pool (``loraplex``, ``serve-default``), or one replica per tenant, always
-on. Requests no replica accepts wait upstream, first come first served, and are tried again
+default autoscaler over a shared pool (``loraplex``, ``serve-default``), loraplex's demand
+autoscaler (``app.routing.autoscaling.DemandPlanner``) with loraplex's router (``loraplex-demand``),
+or one replica per tenant, always on. Requests no replica accepts wait upstream, first come first served, and are tried again
 whenever a replica frees up. Scaling down stops replicas still starting first, then the newest
 running ones (Serve's choice), which finish their requests before they stop. Replicas are paid
 for from start to stop. TTFT = arrival to first token + the calibration's HTTP path overhead.
@@ -19,6 +20,7 @@ from pydantic import BaseModel, Field
 
 from benchmarks.loadgen.spec import Percentiles
 from benchmarks.loadgen.stats import summarise
+from app.routing.autoscaling import DemandPlanner, DemandSpec
 from benchmarks.packsim.autoscaler import Autoscaler, AutoscaleSpec
 from benchmarks.packsim.calibration import Calibration
 from benchmarks.packsim.replica import Replica, Request
@@ -29,7 +31,7 @@ from benchmarks.packsim.routers import (
 )
 from benchmarks.packsim.workload import WorkloadSpec, arrivals, tenant_name
 
-POLICIES = ("loraplex", "serve-default", "one-per-tenant")
+POLICIES = ("loraplex-demand", "loraplex", "serve-default", "one-per-tenant")
 SERIES_S = 60.0
 RETRY_SCAN = 16  # pending requests tried per freed replica before giving up until the next event
 
@@ -60,7 +62,7 @@ class PolicyResult(BaseModel):
 
 class _Sim:
     def __init__(self, wl: WorkloadSpec, cal: Calibration, policy: str, autoscale: AutoscaleSpec,
-                 max_ongoing_factor: float, adapter_slots: int, max_loras: int) -> None:
+                 max_ongoing_factor: float, adapter_slots: int, max_loras: int, demand: DemandSpec) -> None:
         self.wl, self.cal, self.policy, self.slots, self.max_loras = wl, cal, policy, adapter_slots, max_loras
         self.max_ongoing = max(1, int(cal.batch_capacity * max_ongoing_factor))
         self.events: list = []
@@ -71,9 +73,10 @@ class _Sim:
         self.replica_seconds = 0.0
         self.peak = 0
         self.n_new = itertools.count()
-        self.router = {"loraplex": LoraplexRouter, "serve-default": ServeDefaultRouter,
-                       "one-per-tenant": OnePerTenantRouter}[policy]()
+        self.router = {"loraplex-demand": LoraplexRouter, "loraplex": LoraplexRouter,
+                       "serve-default": ServeDefaultRouter, "one-per-tenant": OnePerTenantRouter}[policy]()
         self.autoscaler = None if policy == "one-per-tenant" else Autoscaler(autoscale, cal.batch_capacity)
+        self.planner = DemandPlanner(demand) if policy == "loraplex-demand" else None
         self.target = 0
         self.n_paid = 0
 
@@ -193,7 +196,12 @@ class _Sim:
                     self.drain_pending(t)
             elif kind == "tick":
                 total = sum(r.ongoing for r in self.replicas if r.state != "stopped") + len(self.pending)
-                target = self.autoscaler.decide(t, total, self.target)
+                if self.planner is not None:  # the product's policy: per replica as Serve's target
+                    spec = self.autoscaler.spec
+                    target = self.planner.decide(t, total, self.target, self.autoscaler.target_ongoing,
+                                                 spec.min_replicas, spec.max_replicas)
+                else:
+                    target = self.autoscaler.decide(t, total, self.target)
                 if target != self.target:
                     self.scale_to(target, t)
                 self.push(t + self.autoscaler.spec.control_period_s, "tick", None)
@@ -218,9 +226,13 @@ class _Sim:
 
 
 def simulate(wl: WorkloadSpec, cal: Calibration, policy: str, autoscale: AutoscaleSpec | None = None,
-             max_ongoing_factor: float = 2.0, adapter_slots: int = 0, max_loras: int = 0) -> PolicyResult:
+             max_ongoing_factor: float = 2.0, adapter_slots: int = 0, max_loras: int = 0,
+             demand: DemandSpec | None = None) -> PolicyResult:
     """One policy on one workload (``adapter_slots`` per replica, 0: the calibration's;
-    ``max_loras`` distinct adapters per batch, 0: no limit)."""
+    ``max_loras`` distinct adapters per batch, 0: no limit; ``demand``: the demand autoscaler's
+    settings, None: its defaults with ``lead_s`` the calibration's replica start)."""
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; one of {POLICIES}")
-    return _Sim(wl, cal, policy, autoscale or AutoscaleSpec(), max_ongoing_factor, adapter_slots, max_loras).run()
+    demand = demand or DemandSpec(lead_s=cal.replica_start_s)
+    return _Sim(wl, cal, policy, autoscale or AutoscaleSpec(), max_ongoing_factor, adapter_slots, max_loras,
+                demand).run()

@@ -37,7 +37,7 @@ def test_arrivals_carry_the_load_asked_for():
     assert abs(n - expected) < 4 * expected**0.5
 
 
-@pytest.mark.parametrize("policy", ["loraplex", "serve-default", "one-per-tenant"])
+@pytest.mark.parametrize("policy", ["loraplex-demand", "loraplex", "serve-default", "one-per-tenant"])
 def test_every_request_is_served_once_and_no_faster_than_the_engine(policy):
     r = simulate(small(), CAL, policy, adapter_slots=4, max_loras=4)
     assert r.completed + r.failed == r.requests > 0
@@ -46,9 +46,10 @@ def test_every_request_is_served_once_and_no_faster_than_the_engine(policy):
         assert r.mean_replicas == pytest.approx(20) and r.adapter_loads == 20
 
 
-def test_pooling_needs_about_the_load_and_far_fewer_replicas_than_one_per_tenant():
+@pytest.mark.parametrize("policy", ["loraplex", "loraplex-demand"])
+def test_pooling_needs_about_the_load_and_far_fewer_replicas_than_one_per_tenant(policy):
     wl = small()
-    pooled, dedicated = simulate(wl, CAL, "loraplex", AUTOSCALE, adapter_slots=8), simulate(wl, CAL, "one-per-tenant")
+    pooled, dedicated = simulate(wl, CAL, policy, AUTOSCALE, adapter_slots=8), simulate(wl, CAL, "one-per-tenant")
     assert wl.mean_total_load() == pytest.approx(2.0)
     assert pooled.mean_replicas < dedicated.mean_replicas / 4
     assert pooled.mean_replicas >= 0.95 * wl.mean_total_load()  # nothing serves faster than its capacity
