@@ -65,9 +65,9 @@ def _prompt(n: int, vocab_size: int, rng: random.Random) -> list[int]:
 async def warm_shapes(engine: Any, counts: list[int], vocab_size: int, seed: int = 0) -> tuple[list[float], float]:
     """One base-model request per entry of ``counts`` through ``engine`` (vLLM's ``AsyncLLM``),
     one at a time; returns each request's seconds and the total. Raises what the engine raises."""
-    from vllm import SamplingParams
+    from app.engine.vllm_serving import one_greedy_token
 
-    params = SamplingParams(max_tokens=1, temperature=0.0)
+    params = one_greedy_token()
     rng = random.Random(seed)
     seconds: list[float] = []
     t_all = time.perf_counter()

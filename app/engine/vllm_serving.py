@@ -176,6 +176,13 @@ def engine_limits(engine: Any) -> EngineLimits:
                         vocab_size=vc.model_config.get_vocab_size())
 
 
+def one_greedy_token():
+    """vLLM's ``SamplingParams`` of one greedy output token (the shape warm-up's requests)."""
+    from vllm import SamplingParams
+
+    return SamplingParams(max_tokens=1, temperature=0.0)
+
+
 def engine_dead(serving: OpenAIServing) -> bool:
     """Whether the engine died (its engine-core process is gone): it never recovers."""
     return bool(serving.engine.errored)
