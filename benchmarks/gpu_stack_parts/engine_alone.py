@@ -97,12 +97,13 @@ def sweep_record(specs: list[LoadSpec], results: list[LoadResult], total_s: floa
     """The ``ShapeSweep`` of one request per spec (``results`` in the same order), printed."""
     records = [r.records[0] for r in results]
     out = ShapeSweep(token_counts=[s.input_len for s in specs], failures=sum(not r.ok for r in records),
+                     errors={s.input_len: (r.error or "failed")[:200] for s, r in zip(specs, records) if not r.ok},
                      seconds=[round(r.e2e_ms / 1000, 4) if r.e2e_ms is not None else -1.0 for r in records],
                      total_s=round(total_s, 3))
     slowest = max(range(len(out.seconds)), key=out.seconds.__getitem__)
     print(f"shape sweep: {len(specs)} requests of {out.token_counts[0]}..{out.token_counts[-1]} tokens in "
           f"{total_s:.1f} s, {out.failures} failed (slowest: {out.token_counts[slowest]} tokens, "
-          f"{out.seconds[slowest]:.2f} s)", flush=True)
+          f"{out.seconds[slowest]:.2f} s)" + (f"; failed: {out.errors}" if out.errors else ""), flush=True)
     return out
 
 
