@@ -191,3 +191,33 @@ def test_two_runs_of_one_plan_merge_into_one_report_in_the_plans_order():
     assert merged.wall_s == 200.0 and "first" in merged.date and "second" in merged.date
     with pytest.raises(SystemExit, match="plan 'full'"):
         merge_reports(_report("full", ("vllm-base",), "x"), later, None, "gptoss-mxfp4")
+
+
+def _phase(system: str, plan, ttft: float, itl: float, tpot: float, rate: float):
+    from benchmarks.gpu_stack_parts.models import PhaseResult
+    from benchmarks.loadgen.spec import LoadResult, Percentiles, PhaseAggregate
+
+    def pct(x: float) -> Percentiles:
+        return Percentiles(mean=x, p50=x, p90=x, p99=x)
+
+    w = plan.workload
+    spec = LoadSpec(target=TargetSpec(name=system, base_url="http://x"), input_len=w.input_len, output_len=w.output_len,
+                    concurrency=w.concurrency, num_requests=4, vocab_size=1000)
+    agg = PhaseAggregate(requests=4, failures=0, token_mismatches=0, multi_token_chunk_requests=0, wall_s=1.0,
+                         ttft_ms=pct(ttft), itl_ms=pct(itl), tpot_ms=pct(tpot), tokens_per_s_per_request=rate,
+                         output_throughput_tok_s=4 * rate)
+    return PhaseResult(name=f"c{w.concurrency}", warmup_requests=0, warmup_failures=0,
+                       result=LoadResult(system=system, spec=spec, warmup_requests=0, warmup_failures=0, records=[],
+                                         aggregate=agg))
+
+
+def test_the_decode_step_is_the_median_gap_between_tokens_not_tpot():
+    """A stall (a compile, a prefill in the batch) lifts TPOT; the decode-step target reads ITL p50."""
+    from benchmarks.gpu_stack_parts.models import SystemRun
+
+    plan = build_plan("default", "gptoss-mxfp4")
+    runs = [SystemRun(system="vllm-base", label="a", phases=[_phase("vllm-base", plan, 50.0, 10.0, 10.5, 90.0)]),
+            SystemRun(system="loraplex", label="d", phases=[_phase("loraplex", plan, 55.0, 12.0, 20.0, 60.0)])]
+    report = StackReport(date="now", command="x", plan={}, estimate_s=0, systems=runs)
+    step = next(r for r in targets_table(report, plan) if r.startswith("| (d) decode step"))
+    assert "1.20× (12.00 / 10.00)" in step and step.endswith("| met |"), step  # TPOT would say 1.90×
