@@ -96,7 +96,7 @@ async def run_job(job: EngineJob, out_path: Path) -> EngineOutput:
 def sweep_record(specs: list[LoadSpec], results: list[LoadResult], total_s: float) -> ShapeSweep:
     """The ``ShapeSweep`` of one request per spec (``results`` in the same order), printed."""
     records = [r.records[0] for r in results]
-    out = ShapeSweep(token_counts=[s.input_len for s in specs], failures=sum(not r.ok for r in records),
+    out = ShapeSweep(token_counts=[s.input_len for s in specs],
                      errors={s.input_len: (r.error or "failed")[:200] for s, r in zip(specs, records) if not r.ok},
                      seconds=[round(r.e2e_ms / 1000, 4) if r.e2e_ms is not None else -1.0 for r in records],
                      total_s=round(total_s, 3))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, computed_field
 
 from benchmarks.loadgen.spec import LoadResult
 
@@ -26,11 +26,15 @@ class ShapeSweep(BaseModel):
 
     token_counts: list[int] = Field(default_factory=list, description="Prompt tokens of each request, in order.")
     seconds: list[float] = Field(default_factory=list, description="Wall seconds of each request.")
-    failures: int = Field(0, description="Requests that failed.")
     errors: dict[int, str] = Field(default_factory=dict, description="Token count -> why its request failed (a one-token "
                                    "answer whose token decodes to no text ends its stream without a content chunk).")
     total_s: float | None = Field(None, description="Wall seconds of the sweep.")
     error: str | None = Field(None, description="Why no sweep ran.")
+
+    @computed_field(description="Requests that failed.")
+    @property
+    def failures(self) -> int:
+        return len(self.errors)
 
 
 class ColdStart(BaseModel):

@@ -18,9 +18,9 @@ from collections import deque
 
 from pydantic import BaseModel, Field
 
+from app.routing.autoscaling import DemandPlanner, DemandSpec
 from benchmarks.loadgen.spec import Percentiles
 from benchmarks.loadgen.stats import summarise
-from app.routing.autoscaling import DemandPlanner, DemandSpec
 from benchmarks.packsim.autoscaler import Autoscaler, AutoscaleSpec
 from benchmarks.packsim.calibration import Calibration
 from benchmarks.packsim.replica import Replica, Request
@@ -76,7 +76,11 @@ class _Sim:
         self.router = {"loraplex-demand": LoraplexRouter, "loraplex": LoraplexRouter,
                        "serve-default": ServeDefaultRouter, "one-per-tenant": OnePerTenantRouter}[policy]()
         self.autoscaler = None if policy == "one-per-tenant" else Autoscaler(autoscale, cal.batch_capacity)
-        self.planner = DemandPlanner(demand) if policy == "loraplex-demand" else None
+        self.decide = self.autoscaler.decide if self.autoscaler else None  # (now, total, current) -> replicas
+        if policy == "loraplex-demand":  # the product's policy, per replica Serve's target
+            planner, per = DemandPlanner(demand), self.autoscaler.target_ongoing
+            self.decide = lambda now, total, current: planner.decide(now, total, current, per, autoscale.min_replicas,
+                                                                     autoscale.max_replicas)
         self.target = 0
         self.n_paid = 0
 
@@ -196,12 +200,7 @@ class _Sim:
                     self.drain_pending(t)
             elif kind == "tick":
                 total = sum(r.ongoing for r in self.replicas if r.state != "stopped") + len(self.pending)
-                if self.planner is not None:  # the product's policy: per replica as Serve's target
-                    spec = self.autoscaler.spec
-                    target = self.planner.decide(t, total, self.target, self.autoscaler.target_ongoing,
-                                                 spec.min_replicas, spec.max_replicas)
-                else:
-                    target = self.autoscaler.decide(t, total, self.target)
+                target = self.decide(t, total, self.target)
                 if target != self.target:
                     self.scale_to(target, t)
                 self.push(t + self.autoscaler.spec.control_period_s, "tick", None)
