@@ -3,11 +3,12 @@
 # file with GPU tests, then the MoE-LoRA and dense LoRA kernel benchmarks, logs into OUT_DIR;
 # `engine`: the engine serving benchmark, bf16 then MXFP4 (no LoRA vs loraplex, the settings of
 # benchmarks/RESULTS.md's engine sections; ~10 min: a command of its own).
-#   bash scripts/gpu_checks.sh OUT_DIR [tests|bench|all|engine]
+#   bash scripts/gpu_checks.sh OUT_DIR [tests|bench|all|engine] [MODELS (engine: default 'gptoss gptoss-mxfp4')]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?OUT_DIR}
 WHAT=${2:-all}
+MODELS=${3:-gptoss gptoss-mxfp4}
 mkdir -p "$OUT"
 export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1 \
        HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
@@ -19,7 +20,7 @@ python3 scripts/register_entry_points.py --target /tmp/site \
     --entry-point vllm.general_plugins:loraplex_balanced_dummy=benchmarks.engine.gpt_oss_dummy:register
 status=0
 if [ "$WHAT" = engine ]; then
-  for model in gptoss gptoss-mxfp4; do
+  for model in $MODELS; do
     python3 -m benchmarks.engine.serving --model "$model" --runs base,loraplex --max-graph 64 --burst-reps 2 \
         --per-worker 2 --json "$OUT/engine_serving_$model.json" 2>&1 | tee "$OUT/engine_serving_$model.log" | tail -12
     status=$(( status || PIPESTATUS[0] ))
