@@ -23,8 +23,8 @@ python3 scripts/register_entry_points.py --target "$SITE" \
 # in the background with the signals forwarded: a TERM to this script or its group (`timeout`)
 # reaches the benchmark, which stops the servers it started (Ray's daemons outlive a killed
 # parent); tee ignores it and ends with the benchmark's output, so the stop is logged
-python3 -m benchmarks.gpu_stack --plan "$PLAN" --out "$OUT" \
-    --workdir "${GPU_STACK_WORKDIR:-/tmp/loraplex-gpu-stack}" "$@" > >(trap "" TERM INT; exec tee "$OUT/gpu_stack.log") 2>&1 &
+WORKDIR=${GPU_STACK_WORKDIR:-/tmp/loraplex-gpu-stack}
+python3 -m benchmarks.gpu_stack --plan "$PLAN" --out "$OUT" --workdir "$WORKDIR" "$@" > >(trap "" TERM INT; exec tee "$OUT/gpu_stack.log") 2>&1 &
 pid=$!
 trap 'kill -TERM "$pid" 2>/dev/null' TERM INT
 status=0
@@ -33,4 +33,7 @@ while kill -0 "$pid" 2>/dev/null; do  # a trapped signal ends the first wait ear
   status=0
   wait "$pid" || status=$?
 done
+# the servers' logs and their Ray clusters' logs (replica starts and deaths), in one file
+(cd "$WORKDIR" && find . -maxdepth 2 \( -name '*.log' -o -name '*-ray-logs' \) -print0 \
+   | tar czf "$OUT/server-logs.tgz" --null -T -) || true
 exit "$status"

@@ -22,6 +22,7 @@ that cannot apply LoRA fails at start with its answer and the log's tail.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -180,7 +181,9 @@ class ChildProcess:
 class Launch:
     """What a launcher runs: the command, its environment, how it is stopped, and what is removed
     after it (its Ray temp dir; ``clean_shm``: the ``/dev/shm`` segments it left orphaned, which
-    vLLM inside a Ray replica does)."""
+    vLLM inside a Ray replica does). ``ray_tmp``: the Ray temp dir of the server's own cluster,
+    whose logs (Serve's controller and replicas, the raylet, workers' stderr) are kept in the work
+    folder before it is removed."""
 
     cmd: list[str]
     env: dict[str, str]
@@ -189,6 +192,26 @@ class Launch:
     cleanup_paths: list[Path] = field(default_factory=list)
     clean_shm: bool = False
     cwd: Path = REPO  # another checkout's code runs from there (``LoraplexServer(checkout=...)``)
+    ray_tmp: Path | None = None
+
+
+RAY_LOG_FILE_LIMIT = 32 << 20  # a larger log keeps its last RAY_LOG_FILE_LIMIT bytes
+
+
+def keep_ray_logs(ray_tmp: Path, dest: Path, limit: int = RAY_LOG_FILE_LIMIT) -> list[Path]:
+    """Copies ``ray_tmp/[ray/]session_*/logs/`` (Ray puts its sessions under ``$RAY_TMPDIR/ray``;
+    what a replica death, an OOM kill or a slow start leaves there) to ``dest/session_*/``, each file
+    cut to its last ``limit`` bytes; returns the files."""
+    kept = []
+    for logs in sorted([*ray_tmp.glob("session_2*/logs"), *ray_tmp.glob("ray/session_2*/logs")]):
+        for src in sorted(p for p in logs.rglob("*") if p.is_file()):
+            out = dest / logs.parent.name / src.relative_to(logs)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            with open(src, "rb") as f:
+                f.seek(max(0, src.stat().st_size - limit))
+                out.write_bytes(f.read())
+            kept.append(out)
+    return kept
 
 
 def _checkout_env(env: dict[str, str]) -> dict[str, str]:
@@ -322,6 +345,9 @@ class Server:
             finally:
                 if self._shm_before is not None:
                     remove_new_shm(self._shm_before)
+                if self._launch is not None and self._launch.ray_tmp is not None:
+                    with contextlib.suppress(OSError):
+                        keep_ray_logs(self._launch.ray_tmp, self.workdir / f"{self.name}-ray-logs")
                 for path in self._launch.cleanup_paths if self._launch else []:
                     shutil.rmtree(path, ignore_errors=True)
 

@@ -61,6 +61,26 @@ def test_a_stock_server_serves_every_request_and_leaves_nothing_behind(kind, lor
     assert server.log_path.stat().st_size > 0
     if kind == "ray-app":
         assert not Path(server.child.env["RAY_TMPDIR"]).exists()
+        # its Ray cluster's logs were kept first: Serve's controller and the replica's log
+        kept = server.workdir / f"{server.name}-ray-logs"
+        serve_logs = [p.name for p in kept.glob("session_*/serve/*.log")]
+        assert any(n.startswith("controller_") for n in serve_logs), serve_logs
+        assert any(n.startswith("replica_") for n in serve_logs), serve_logs
+
+
+def test_ray_logs_are_kept_per_session_and_a_large_one_keeps_its_end(tmp_path):
+    from benchmarks.stacks.process import keep_ray_logs
+
+    logs = tmp_path / "ray" / "ray" / "session_2026-12-03_16-37-20_1_1" / "logs"
+    (logs / "serve").mkdir(parents=True)
+    (logs / "serve" / "controller_1.log").write_text("replica died: OOM\n")
+    (logs / "raylet.out").write_bytes(b"a" * 100 + b"the end")
+    (tmp_path / "ray" / "ray" / "session_latest").symlink_to(logs.parent)  # Ray's link: not copied twice
+    kept = keep_ray_logs(tmp_path / "ray", tmp_path / "kept", limit=20)
+    base = tmp_path / "kept" / "session_2026-12-03_16-37-20_1_1"
+    assert sorted(kept) == sorted([base / "serve" / "controller_1.log", base / "raylet.out"])
+    assert (base / "serve" / "controller_1.log").read_text() == "replica died: OOM\n"
+    assert (base / "raylet.out").read_bytes() == b"a" * 13 + b"the end"
 
 
 def test_engine_arguments_as_vllms_command_line_and_as_loraplex_engine_config(tmp_path):
