@@ -175,6 +175,12 @@ class AppConfig(_Strict):
     max_header_bytes: int = Field(
         64 * 2**10, ge=1024, description="Largest total size of an OpenAI request's headers (431 beyond it)."
     )
+    topology: Literal["split", "colocated"] = Field(
+        "split", description="split: gateway and engine are two deployments (a Ray hop per request and per streamed "
+        "chunk; requests routed to replicas by adapter). colocated: one deployment whose replicas run the gateway and "
+        "the engine in one process (no hop; engine_deployment's options apply, gateway_deployment's are unused; "
+        "several replicas are balanced by the proxy, not routed by adapter).",
+    )
     engine: EngineConfig = Field(default_factory=EngineConfig, description="The vLLM engine of each replica.")
     engine_deployment: DeploymentOptions = Field(
         default_factory=lambda: DeploymentOptions(num_replicas=1), description="Serve options of the engine deployment."

@@ -21,12 +21,17 @@ ENGINE_SHUTDOWN_GRACE_S = 600.0
 
 
 def build_app(args: dict[str, Any] | None = None) -> Application:
-    """Validates ``args`` against ``AppConfig`` and binds the gateway to the engine deployment."""
+    """Validates ``args`` against ``AppConfig`` and binds the gateway to the engine deployment (or,
+    ``topology: colocated``, deploys both as one: ``app.colocated.server``)."""
     cfg = AppConfig.model_validate(args or {})
     config = cfg.model_dump(mode="json")
     engine_options = cfg.engine_deployment.serve_options()
-    engine_options.setdefault("request_router_config", ADAPTER_AFFINITY_ROUTER)
     engine_options.setdefault("graceful_shutdown_timeout_s", ENGINE_SHUTDOWN_GRACE_S)
+    if cfg.topology == "colocated":  # the ingress: the proxy (HAProxy) balances its replicas itself
+        from app.colocated.server import ColocatedServer
+
+        return serve.deployment(ColocatedServer, name="Server").options(**engine_options).bind(config)
+    engine_options.setdefault("request_router_config", ADAPTER_AFFINITY_ROUTER)
     engine = serve.deployment(EngineServer, name="Engine").options(**engine_options)
     gateway = Gateway.options(**cfg.gateway_deployment.serve_options())
     return gateway.bind(engine.bind(config), config)

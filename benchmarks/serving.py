@@ -29,7 +29,8 @@ Set up with ``bash scripts/setup.sh --bench`` (ray.serve.llm's imports beside th
     python benchmarks/serving.py [--servers vllm,ray-app,ray-llm,loraplex] [--requests 64]
         [--concurrency 1,8] [--json out.json] [--plot out.png] [--loraplex-checkout NAME=DIR ...]
 
-``--loraplex-proxy NAME=python`` runs loraplex server NAME with Serve's Python proxy instead of
+``--loraplex-topology NAME=colocated`` runs loraplex server NAME with gateway and engine in one
+replica (``app.colocated``). ``--loraplex-proxy NAME=python`` runs loraplex server NAME with Serve's Python proxy instead of
 HAProxy (its start time, ``ready_s`` in the JSON, is printed for each server). ``--loraplex-checkout NAME=DIR`` adds a loraplex server named NAME that runs the code of another
 checkout (e.g. the baseline of a change: ``git archive main | tar -x -C DIR``), started after the
 servers of ``--servers``, with the same home, adapters and workload: a change and its baseline
@@ -151,8 +152,10 @@ def make_launcher(kind: str, workdir: Path, home: Path, folders: dict[str, Path]
 
     built = {a: f for a, f in folders.items() if a != DEMO_ADAPTER}
     name, checkout = (kind, None) if kind == "loraplex" else (kind, args.checkouts[kind])
+    topology = args.topologies.get(kind)
     return LoraplexServer(workdir, home, ENGINE_ARGS, adapters=[DEMO_ADAPTER], publish=built, tenant=TENANT,
-                          name=name, checkout=checkout, proxy=args.proxies.get(kind))
+                          name=name, checkout=checkout, proxy=args.proxies.get(kind),
+                          args_update={"topology": topology} if topology else None)
 
 
 # ---- outputs -------------------------------------------------------------------------------
@@ -314,6 +317,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--loraplex-proxy", action="append", default=[], metavar="NAME=PROXY",
                     help="`loraplex serve --proxy PROXY` (haproxy, python) for the loraplex server NAME "
                          "('loraplex' or a checkout's NAME; default: its own default, haproxy)")
+    ap.add_argument("--loraplex-topology", action="append", default=[], metavar="NAME=TOPOLOGY",
+                    help="the app's `topology` (split, colocated) for the loraplex server NAME "
+                         "(default: the config's, split)")
     return ap
 
 
@@ -334,6 +340,9 @@ def main(argv: list[str] | None = None) -> int:
     args.proxies = dict(p.partition("=")[::2] for p in args.loraplex_proxy)
     if bad := {n: p for n, p in args.proxies.items() if p not in ("haproxy", "python") or n not in kinds}:
         raise SystemExit(f"--loraplex-proxy {bad}: want NAME=haproxy|python for a loraplex server of this run")
+    args.topologies = dict(t.partition("=")[::2] for t in args.loraplex_topology)
+    if bad := {n: t for n, t in args.topologies.items() if t not in ("split", "colocated") or n not in kinds}:
+        raise SystemExit(f"--loraplex-topology {bad}: want NAME=split|colocated for a loraplex server of this run")
     args.concurrency = [int(c) for c in args.concurrency.split(",") if c.strip()]
     args.stock_plugins = None if args.stock_plugins == "all" else [p for p in args.stock_plugins.split(",") if p]
     from app.embedded.setup import init, model_dir

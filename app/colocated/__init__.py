@@ -1,0 +1,1 @@
+"""Gateway and engine in one replica."""
