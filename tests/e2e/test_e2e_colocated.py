@@ -118,3 +118,17 @@ def test_an_abandoned_stream_releases_its_pin_and_its_engine_request(colocated_s
         time.sleep(0.5)
     # and the replica keeps serving
     assert _client(stack, "acme").completions.create(model="acme-support", prompt="x", max_tokens=2).choices
+
+
+def test_the_replica_exports_gateway_and_engine_metrics(colocated_stack):
+    """Both recorders live in one process: each request shows in the gateway's and the engine's series."""
+    from tests.helpers.metrics_scrape import scrape_until
+
+    stack = colocated_stack
+    assert _client(stack, "acme").completions.create(model="loraplex-base", prompt="x", max_tokens=2).choices
+
+    def both(s) -> bool:
+        return (s.total("ray_loraplex_gateway_queue_seconds_count", tenant="acme") > 0
+                and s.total("ray_loraplex_engine_requests_total", tenant="acme") > 0)
+
+    assert both(scrape_until(stack, both))
