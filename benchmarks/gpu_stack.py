@@ -105,6 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--cudagraph-capture-sizes", type=_sizes, default=None, metavar="N,N,...",
                     help="vLLM's CUDA graph batch sizes for every system (default: vLLM's, 35 sizes up to 2x "
                          "max_num_seqs; fewer sizes start each engine faster, the same on every system)")
+    ap.add_argument("--loraplex-topology", default=None, choices=("split", "colocated"),
+                    help="loraplex's `topology` (default: deploy/h200.yaml's, split; colocated: gateway and "
+                    "engine in one replica, app.colocated)")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and its estimate only")
     return ap
 
@@ -213,6 +216,9 @@ def main(argv: list[str] | None = None) -> int:
             if args.cudagraph_capture_sizes:
                 engine = ctx.serve_cfg["applications"][0]["args"]["engine"]
                 engine.setdefault("extra_engine_args", {})["cudagraph_capture_sizes"] = args.cudagraph_capture_sizes
+            if args.loraplex_topology:
+                ctx.serve_cfg["applications"][0]["args"]["topology"] = args.loraplex_topology
+                report.notes.append(f"loraplex topology: {args.loraplex_topology}")
             ctx.push_job = push_adapters  # run by loraplex's block, while its stack starts
             write_yaml(ctx.serve_cfg, ctx.serve_config)
             ctx.engine_args = report.engine = stock_engine_args(ctx.serve_cfg)
