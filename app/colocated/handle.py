@@ -20,7 +20,7 @@ from typing import Any
 class LocalStream:
     """An async generator of the engine as Serve's response generator. ``cancel()`` closes it
     (its ``finally`` blocks run: vLLM aborts the request, the adapter is unpinned) without the
-    caller awaiting; ``aclose()`` does the same and waits."""
+    caller awaiting; ``aclose()`` does the same and waits. Either may be called again."""
 
     def __init__(self, agen: AsyncGenerator[Any, None]) -> None:
         self._agen = agen
@@ -33,13 +33,15 @@ class LocalStream:
         return await self._agen.__anext__()
 
     def cancel(self) -> None:
-        if self._closing is None:
+        """Closes the generator if no task is inside it now; if one is (a pump reading it), that
+        task's own cancellation ends the generator there, as closing the pump always does."""
+        if self._closing is None and not self._agen.ag_running:
             self._closing = asyncio.ensure_future(self._agen.aclose())
 
     async def aclose(self) -> None:
         self.cancel()
-        assert self._closing is not None
-        await self._closing
+        if self._closing is not None:
+            await self._closing
 
 
 async def _finished(value: Any) -> Any:

@@ -96,3 +96,36 @@ def test_closing_the_relays_coalesced_stream_closes_the_engine_generator_mid_str
         assert engine.closed == ["mid-stream"]
 
     asyncio.run(main())
+
+
+def test_cancel_while_a_pump_is_inside_the_generator_leaves_the_close_to_the_pumps_cancellation():
+    """``cancel()`` while another task awaits the generator's next item cannot close it (Python
+    refuses to close a running generator): it does nothing, and cancelling that task ends it."""
+    engine = FakeEngine()
+
+    async def main():
+        gate = asyncio.Event()
+
+        async def slow():
+            try:
+                yield {"status": 200}
+                await gate.wait()
+                yield "data: late\n\n"
+            finally:
+                engine.closed.append("pumped")
+
+        engine.slow = slow
+        stream = LocalHandle(engine).slow.remote()
+        assert await stream.__anext__() == {"status": 200}
+        pump = asyncio.ensure_future(stream.__anext__())
+        await asyncio.sleep(0)
+        stream.cancel()  # no error, no pending close failing in the background
+        await asyncio.sleep(0)
+        assert engine.closed == []
+        pump.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await pump
+        assert engine.closed == ["pumped"]
+        await stream.aclose()
+
+    asyncio.run(main())
