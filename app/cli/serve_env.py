@@ -7,8 +7,11 @@ the engine replicas, user code on the replica's own event loop (``RAY_SERVE_ENAB
 less. HAProxy's config file and admin socket go under a folder of this run (Serve's defaults are
 fixed paths that two stacks on one machine would share), so do its metrics and stats ports (free
 ports instead of Serve's fixed ones; HAProxy binds them on every interface: they carry replica
-names and request counts, no tenant or adapter), and the draining period Serve keeps a stopping
-ingress replica for an external load balancer is short (HAProxy is Serve's own).
+names and request counts, no tenant or adapter), and so do the ports of the fallback proxy that
+HAProxy sends requests to while no ingress replica is ready (Serve's fixed 8500/9500: a second
+stack on the machine, still starting, would hand its requests to the first stack's application).
+The draining period Serve keeps a stopping ingress replica for an external load balancer is
+short (HAProxy is Serve's own).
 ``python``: Serve's defaults (the Python proxy, Ray's own RPC between replicas). Variables
 already set in the environment win over both.
 """
@@ -46,5 +49,7 @@ def serve_env(env: dict[str, str], proxy: Proxy) -> tuple[dict[str, str], Path |
         out.setdefault("RAY_SERVE_HAPROXY_SOCKET_PATH", str(run_dir / "admin.sock"))
         out.setdefault("RAY_SERVE_HAPROXY_METRICS_PORT", str(free_port()))
         out.setdefault("RAY_SERVE_HAPROXY_STATS_PORT", str(free_port()))
+        out.setdefault("RAY_SERVE_FALLBACK_PROXY_HTTP_PORT", str(free_port()))
+        out.setdefault("RAY_SERVE_FALLBACK_PROXY_GRPC_PORT", str(free_port()))
         out.setdefault("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", DRAINING_PERIOD_S)
     return out, run_dir
