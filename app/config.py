@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from app.observability.config import ObservabilityConfig
 
 EMBEDDED_MODEL = "embedded"
+Topology = Literal["split", "colocated"]
+TOPOLOGIES: tuple[Topology, ...] = get_args(Topology)
 EMBEDDED_MODEL_DIRNAME = "tiny-qwen3-moe"
 
 
@@ -175,7 +177,7 @@ class AppConfig(_Strict):
     max_header_bytes: int = Field(
         64 * 2**10, ge=1024, description="Largest total size of an OpenAI request's headers (431 beyond it)."
     )
-    topology: Literal["split", "colocated"] = Field(
+    topology: Topology = Field(
         "split", description="split: gateway and engine are two deployments (a Ray hop per request and per streamed "
         "chunk; requests routed to replicas by adapter). colocated: one deployment whose replicas run the gateway and "
         "the engine in one process (no hop; engine_deployment's options apply, gateway_deployment's are unused; "

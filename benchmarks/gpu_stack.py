@@ -47,6 +47,7 @@ REPO = Path(__file__).resolve().parents[1]
 if not __package__:  # run as a file: the checkout's packages by their full names
     sys.path.insert(0, str(REPO))
 
+from app.config import TOPOLOGIES
 from benchmarks.gpu_stack_parts.assets import (
     MODELS,
     prepare_model,
@@ -105,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--cudagraph-capture-sizes", type=_sizes, default=None, metavar="N,N,...",
                     help="vLLM's CUDA graph batch sizes for every system (default: vLLM's, 35 sizes up to 2x "
                          "max_num_seqs; fewer sizes start each engine faster, the same on every system)")
-    ap.add_argument("--loraplex-topology", default=None, choices=("split", "colocated"),
+    ap.add_argument("--loraplex-topology", default=None, choices=TOPOLOGIES,
                     help="loraplex's `topology` (default: deploy/h200.yaml's, split; colocated: gateway and "
                     "engine in one replica, app.colocated)")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and its estimate only")

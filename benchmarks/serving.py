@@ -57,6 +57,8 @@ if not __package__:  # run as a file: this folder comes first on sys.path, and i
 import httpx
 from pydantic import BaseModel, Field
 
+from app.cli.serve_env import PROXIES
+from app.config import TOPOLOGIES
 from benchmarks.loadgen.client import raise_priority, run
 from benchmarks.loadgen.report import print_failures, print_table, write_plot
 from benchmarks.loadgen.spec import BenchReport, LoadSpec, TargetSpec
@@ -323,6 +325,15 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _per_server(specs: list[str], choices: tuple[str, ...], flag: str, kinds: list[str]) -> dict[str, str]:
+    """``NAME=VALUE`` options of loraplex servers as {NAME: VALUE}; exits on a value not in
+    ``choices`` or a NAME not among the run's servers."""
+    out = dict(spec.partition("=")[::2] for spec in specs)
+    if bad := {n: v for n, v in out.items() if v not in choices or n not in kinds}:
+        raise SystemExit(f"{flag} {bad}: want NAME={'|'.join(choices)} for a loraplex server of this run")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     t_start = time.perf_counter()
@@ -337,12 +348,8 @@ def main(argv: list[str] | None = None) -> int:
                              "DIR a checkout of this repository")
         args.checkouts[name] = Path(folder)
     kinds += list(args.checkouts)
-    args.proxies = dict(p.partition("=")[::2] for p in args.loraplex_proxy)
-    if bad := {n: p for n, p in args.proxies.items() if p not in ("haproxy", "python") or n not in kinds}:
-        raise SystemExit(f"--loraplex-proxy {bad}: want NAME=haproxy|python for a loraplex server of this run")
-    args.topologies = dict(t.partition("=")[::2] for t in args.loraplex_topology)
-    if bad := {n: t for n, t in args.topologies.items() if t not in ("split", "colocated") or n not in kinds}:
-        raise SystemExit(f"--loraplex-topology {bad}: want NAME=split|colocated for a loraplex server of this run")
+    args.proxies = _per_server(args.loraplex_proxy, PROXIES, "--loraplex-proxy", kinds)
+    args.topologies = _per_server(args.loraplex_topology, TOPOLOGIES, "--loraplex-topology", kinds)
     args.concurrency = [int(c) for c in args.concurrency.split(",") if c.strip()]
     args.stock_plugins = None if args.stock_plugins == "all" else [p for p in args.stock_plugins.split(",") if p]
     from app.embedded.setup import init, model_dir

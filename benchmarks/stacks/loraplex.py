@@ -107,7 +107,7 @@ class LoraplexServer(Server):
         # loraplex serve stops its own Ray cluster (and /dev/shm orphans) within its grace periods
         proxy = ["--proxy", self.proxy] if self.proxy else []
         return Launch([sys.executable, "-m", "app.cli.main", "serve", str(config), *proxy], env,
-                      stop_signal=signal.SIGTERM, grace_s=90.0, cleanup_paths=[ray_tmp], cwd=cwd, ray_tmp=ray_tmp)
+                      stop_signal=signal.SIGTERM, grace_s=90.0, cwd=cwd, ray_tmp=ray_tmp)
 
     def target(self) -> TargetSpec:
         return TargetSpec(name=self.name, base_url=self.base_url, base_model=self.served_model_name, keys=self.keys)

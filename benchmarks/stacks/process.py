@@ -30,7 +30,7 @@ import subprocess
 import sys
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -180,16 +180,15 @@ class ChildProcess:
 @dataclass
 class Launch:
     """What a launcher runs: the command, its environment, how it is stopped, and what is removed
-    after it (its Ray temp dir; ``clean_shm``: the ``/dev/shm`` segments it left orphaned, which
-    vLLM inside a Ray replica does). ``ray_tmp``: the Ray temp dir of the server's own cluster,
-    whose logs (Serve's controller and replicas, the raylet, workers' stderr) are kept in the work
-    folder before it is removed."""
+    after it: ``ray_tmp``, the Ray temp dir of the server's own cluster, once its logs (Serve's
+    controller and replicas, the raylet, workers' stderr) are kept in the work folder;
+    ``clean_shm``: the ``/dev/shm`` segments it left orphaned, which vLLM inside a Ray replica
+    does."""
 
     cmd: list[str]
     env: dict[str, str]
     stop_signal: int = signal.SIGTERM
     grace_s: float = 60.0
-    cleanup_paths: list[Path] = field(default_factory=list)
     clean_shm: bool = False
     cwd: Path = REPO  # another checkout's code runs from there (``LoraplexServer(checkout=...)``)
     ray_tmp: Path | None = None
@@ -199,11 +198,11 @@ RAY_LOG_FILE_LIMIT = 32 << 20  # a larger log keeps its last RAY_LOG_FILE_LIMIT 
 
 
 def keep_ray_logs(ray_tmp: Path, dest: Path, limit: int = RAY_LOG_FILE_LIMIT) -> list[Path]:
-    """Copies ``ray_tmp/[ray/]session_*/logs/`` (Ray puts its sessions under ``$RAY_TMPDIR/ray``;
-    what a replica death, an OOM kill or a slow start leaves there) to ``dest/session_*/``, each file
-    cut to its last ``limit`` bytes; returns the files."""
+    """Copies ``ray_tmp/ray/session_*/logs/`` (``ray_tmp`` is the cluster's ``$RAY_TMPDIR``; what a
+    replica death, an OOM kill or a slow start leaves there) to ``dest/session_*/``, each file cut
+    to its last ``limit`` bytes; returns the files."""
     kept = []
-    for logs in sorted([*ray_tmp.glob("session_2*/logs"), *ray_tmp.glob("ray/session_2*/logs")]):
+    for logs in sorted(ray_tmp.glob("ray/session_2*/logs")):
         for src in sorted(p for p in logs.rglob("*") if p.is_file()):
             out = dest / logs.parent.name / src.relative_to(logs)
             out.parent.mkdir(parents=True, exist_ok=True)
@@ -348,8 +347,7 @@ class Server:
                 if self._launch is not None and self._launch.ray_tmp is not None:
                     with contextlib.suppress(OSError):
                         keep_ray_logs(self._launch.ray_tmp, self.workdir / f"{self.name}-ray-logs")
-                for path in self._launch.cleanup_paths if self._launch else []:
-                    shutil.rmtree(path, ignore_errors=True)
+                    shutil.rmtree(self._launch.ray_tmp, ignore_errors=True)
 
     def __enter__(self) -> TargetSpec:
         return self.start()

@@ -132,7 +132,7 @@ class RayLlm(Server):
         config.write_text(yaml.safe_dump(self.serve_config(), sort_keys=False))
         env, ray_tmp = ray_env(self.workdir, {**stock_env(self.workdir, self.plugins), **s3_env, **self.extra_env})
         return Launch(serve_run_cmd(config), env, stop_signal=signal.SIGINT, grace_s=60.0,
-                      cleanup_paths=[ray_tmp], clean_shm=True, ray_tmp=ray_tmp)
+                      clean_shm=True, ray_tmp=ray_tmp)
 
     def target(self) -> TargetSpec:
         return TargetSpec(name=self.name, base_url=self.base_url, base_model=self.served_model_name,
