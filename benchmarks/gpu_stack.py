@@ -78,6 +78,7 @@ from benchmarks.gpu_stack_parts.serve_config import (
 PUSH_BATCH = 8
 PUSH_WORKERS = 4  # pushes at once while the plan's adapters are prepared (a cold start's runs alone)
 CACHE_SHARE_OF_FREE_DISK = 0.8
+INCOMPLETE = "incomplete: the run was stopped before this system's last phase (these phases were measured)"
 
 
 def _sizes(text: str) -> list[int]:
@@ -101,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--s3-in-memory", action="store_true", help="the S3 server keeps objects in memory, not on disk")
     ap.add_argument("--timeout", type=float, default=900.0, help="read timeout of one request, seconds")
     ap.add_argument("--merge", type=Path, default=None,
-                    help="gpu_stack.json of an earlier run on this host (same plan and model, other systems): its "
+                    help="gpu_stack.json (or gpu_stack.partial.json: a run stopped midway) of an earlier run on this host (same plan and model, other systems): its "
                          "systems and pushes join this run's tables, JSON and plot, in the plan's order")
     ap.add_argument("--cudagraph-capture-sizes", type=_sizes, default=None, metavar="N,N,...",
                     help="vLLM's CUDA graph batch sizes for every system (default: vLLM's, 35 sizes up to 2x "
@@ -228,10 +229,13 @@ def main(argv: list[str] | None = None) -> int:
             report.notes.append(f"load generator priority: {'SCHED_FIFO' if fifo else 'normal'}")
             partial = out_dir / "gpu_stack.partial.json"
 
-            def keep(run) -> None:  # what has finished survives a stop at the time limit
-                report.systems.append(run)
+            def keep(run, done: bool) -> None:  # what was measured survives a stop at the time limit
+                if done:
+                    report.systems.append(run)
                 report.pushes, report.wall_s = ctx.pushes, time.perf_counter() - t0
-                partial.write_text(report.model_dump_json(indent=1))
+                kept = report if done else report.model_copy(update={"systems": [*report.systems, run.model_copy(
+                    update={"notes": [*run.notes, INCOMPLETE]})]})
+                partial.write_text(kept.model_dump_json(indent=1))
 
             run_plan(ctx, keep)
             partial.unlink(missing_ok=True)

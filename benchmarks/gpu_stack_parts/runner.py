@@ -185,7 +185,9 @@ def make_launcher(ctx: Context, block: SystemBlock, probe_adapters: bool = True)
     return VllmServer(**common)
 
 
-def run_server_block(ctx: Context, block: SystemBlock) -> SystemRun:
+def run_server_block(ctx: Context, block: SystemBlock,
+                     on_progress: Callable[[SystemRun], None] = lambda run: None) -> SystemRun:
+    """System ``block`` over HTTP; ``on_progress`` gets its record after each phase and cold start."""
     out = SystemRun(system=block.system, label=LABELS[block.system], versions=ctx.host,
                     started_at=time.strftime("%Y-%m-%d %H:%M:%S"))
     if block.system == "ray-llm" and (why := systems.ray_llm_import_error(ctx.store.env)):
@@ -211,8 +213,10 @@ def run_server_block(ctx: Context, block: SystemBlock) -> SystemRun:
         for phase in block.phases:
             out.phases.append(http_phase(ctx, phase, target))
             _log_phase(block.system, out.phases[-1])
+            on_progress(out)
         for k in range(block.cold_starts):
             out.cold_starts.append(cold_start(ctx, target, k))
+            on_progress(out)
     except Exception as exc:  # noqa: BLE001 - recorded; the next system runs
         out.error = f"{type(exc).__name__}: {exc}"
         traceback.print_exc()
@@ -333,11 +337,13 @@ def route_check(ctx: Context, block: SystemBlock, target: TargetSpec, env: dict[
     return check
 
 
-def run_plan(ctx: Context, on_system: Callable[[SystemRun], None] = lambda run: None) -> list[SystemRun]:
-    """Every block in order; ``on_system`` gets each system's record as soon as it is complete
-    (the caller keeps it on disk, so a run stopped at a time limit keeps what it measured)."""
+def run_plan(ctx: Context, on_system: Callable[[SystemRun, bool], None] = lambda run, done: None) -> list[SystemRun]:
+    """Every block in order; ``on_system(record, done)`` gets each system's record as soon as it
+    is complete (``done``) and a server's after each of its phases (not ``done``), so the caller
+    can keep on disk what a run stopped at a time limit measured."""
     out = []
     for b in ctx.plan.blocks:
-        out.append(run_engine_block(ctx, b) if b.system == "engine-alone" else run_server_block(ctx, b))
-        on_system(out[-1])
+        out.append(run_engine_block(ctx, b) if b.system == "engine-alone"
+                   else run_server_block(ctx, b, lambda run: on_system(run, False)))
+        on_system(out[-1], True)
     return out

@@ -28,6 +28,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ import httpx
 
 from app.cli.serve_cmd import SHM, remove_new_shm
 from benchmarks.loadgen.spec import TargetSpec
+from benchmarks.stacks.host_memory import memory_line
 from tests.helpers.net import free_port
 from tests.helpers.paths import REPO
 from tests.helpers.stack import stack_env
@@ -56,6 +58,7 @@ def _grace(seconds: float) -> float:
 
 MARKER_ENV = "LPX_STACK_ID"
 READY_TIMEOUT_S = 900.0
+MEMORY_LOG_S = 20.0  # a line on the host's memory this often while a server starts
 PROBE_PROMPT = "hello"
 
 
@@ -260,6 +263,25 @@ def _completed(r: httpx.Response) -> bool:
         return False
 
 
+@contextlib.contextmanager
+def _memory_log(name: str, t0: float, every_s: float = MEMORY_LOG_S):
+    """While the block runs, a line on the host's memory every ``every_s`` seconds (a thread:
+    the readiness probes block for up to a minute each)."""
+    done = threading.Event()
+
+    def log() -> None:
+        while not done.wait(every_s):
+            print(f"{name}: not ready after {time.monotonic() - t0:.0f} s; {memory_line()}", flush=True)
+
+    thread = threading.Thread(target=log, name=f"{name}-memory-log", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
 class Server:
     """One server under test as a context manager: ``with Launcher(...) as target``. Subclasses
     set ``kind`` and implement ``prepare`` (write configs, return the ``Launch``) and ``target``;
@@ -301,7 +323,8 @@ class Server:
             self.child = ChildProcess(self.name, launch.cmd, launch.env, self.log_path, cwd=launch.cwd,
                                       stop_signal=launch.stop_signal, grace_s=launch.grace_s).start()
             target = self.target()
-            self._wait_ready(target, t0)
+            with _memory_log(self.name, t0):  # what a start that dies midway had around it
+                self._wait_ready(target, t0)
             for adapter in self.adapters:
                 r = probe_completion(target, adapter)
                 if not _completed(r):

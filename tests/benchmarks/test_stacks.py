@@ -83,6 +83,35 @@ def test_ray_logs_are_kept_per_session_and_a_large_one_keeps_its_end(tmp_path):
     assert (base / "raylet.out").read_bytes() == b"a" * 13 + b"the end"
 
 
+def test_host_memory_line_reads_this_hosts_counts_and_its_largest_processes(tmp_path, monkeypatch):
+    from benchmarks.stacks import host_memory
+
+    line = host_memory.memory_line(top=3)
+    assert line.startswith("host memory: used ") and line.count(" GiB ") >= 3  # /proc of this Linux host
+    # a cgroup v2 tree as a container has it: the monitor's figure and its parts in GiB
+    (tmp_path / "memory.current").write_text(str(40 * 2**30))
+    (tmp_path / "memory.max").write_text("max\n")  # unlimited: no limit shown
+    (tmp_path / "memory.stat").write_text(f"anon {30 * 2**30}\nactive_file {6 * 2**30}\ninactive_file {4 * 2**30}\n")
+    monkeypatch.setattr(host_memory, "CGROUP", tmp_path)
+    assert "cgroup 40.0 GiB (anon 30.0, active_file 6.0, inactive_file 4.0)" in host_memory.memory_line()
+    (tmp_path / "memory.max").write_text(str(64 * 2**30))
+    assert "cgroup 40.0 of 64.0 GiB" in host_memory.memory_line()
+
+
+def test_a_starting_server_logs_the_hosts_memory_until_it_is_ready(capsys):
+    import time
+
+    from benchmarks.stacks.process import _memory_log
+
+    t0 = time.monotonic()
+    with _memory_log("vllm-base", t0, every_s=0.05):
+        time.sleep(0.3)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) >= 3 and all(x.startswith("vllm-base: not ready after ") and "host memory: used" in x for x in lines)
+    time.sleep(0.2)
+    assert capsys.readouterr().out == ""  # stopped with the block
+
+
 def test_engine_arguments_as_vllms_command_line_and_as_loraplex_engine_config(tmp_path):
     from app.config import EngineConfig
     from benchmarks.stacks.loraplex import engine_section
