@@ -18,6 +18,9 @@ from app.observability.config import ObservabilityConfig
 EMBEDDED_MODEL = "embedded"
 Topology = Literal["split", "colocated"]
 TOPOLOGIES: tuple[Topology, ...] = get_args(Topology)
+GATEWAY, ENGINE, SERVER = "Gateway", "Engine", "Server"
+# the Serve deployments of each topology (app.main): split's ingress first
+DEPLOYMENTS: dict[Topology, tuple[str, ...]] = {"split": (GATEWAY, ENGINE), "colocated": (SERVER,)}
 EMBEDDED_MODEL_DIRNAME = "tiny-qwen3-moe"
 
 
@@ -52,6 +55,10 @@ class DeploymentOptions(_Strict):
     graceful_shutdown_timeout_s: float | None = Field(
         None, description="Seconds a stopping replica (scale-down, upgrade) waits for its requests, streams included, "
         "before it is killed (None: the engine's default of app.main, Serve's for the gateway).",
+    )
+    max_surge_percent: int | None = Field(
+        None, ge=0, le=100, description="Extra replicas a rolling update may start, in percent of the target, before "
+        "old ones stop (None: Serve's default, 0: an old replica stops before its replacement starts).",
     )
     request_router_config: dict[str, Any] | None = Field(
         None,
@@ -193,6 +200,11 @@ class AppConfig(_Strict):
     observability: ObservabilityConfig = Field(
         default_factory=ObservabilityConfig, description="Metrics label caps and request logs."
     )
+
+    def deployment_names(self) -> tuple[str, ...]:
+        """The Serve deployments ``app.main:build_app`` makes for this topology (the names a Serve
+        config's per-deployment ``deployments:`` overrides may use)."""
+        return DEPLOYMENTS[self.topology]
 
     def resolved_store_uri(self) -> str:
         return self.store_uri or (loraplex_home() / "store").resolve().as_uri()

@@ -7,7 +7,7 @@ from typing import Any
 from ray import serve
 from ray.serve import Application
 
-from app.config import AppConfig
+from app.config import ENGINE, SERVER, AppConfig
 from app.engine.server import EngineServer
 from app.gateway.ingress import Gateway
 
@@ -30,8 +30,8 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
     if cfg.topology == "colocated":  # the ingress: the proxy (HAProxy) balances its replicas itself
         from app.colocated.server import ColocatedServer
 
-        return serve.deployment(ColocatedServer, name="Server").options(**engine_options).bind(config)
+        return serve.deployment(ColocatedServer, name=SERVER).options(**engine_options).bind(config)
     engine_options.setdefault("request_router_config", ADAPTER_AFFINITY_ROUTER)
-    engine = serve.deployment(EngineServer, name="Engine").options(**engine_options)
+    engine = serve.deployment(EngineServer, name=ENGINE).options(**engine_options)
     gateway = Gateway.options(**cfg.gateway_deployment.serve_options())
     return gateway.bind(engine.bind(config), config)

@@ -6,7 +6,8 @@ stops Serve and the local Ray cluster it started. Whatever dispositions this pro
 starts and the child starts with default ones. If the child has not stopped ``SHUTDOWN_GRACE_S``
 after the first signal, its process group gets SIGTERM, and ``KILL_GRACE_S`` later SIGKILL; once
 it has exited, anything left in its group is stopped the same way. Exit status: 0 after a
-requested stop, otherwise the child's (1 if it exited 0 on its own: the app died). Shared-memory
+requested stop, otherwise the child's (1 if it exited 0 on its own: the app died); 2 before
+anything starts when the config is missing or fails ``app.cli.serve_config_check``. Shared-memory
 segments the run left orphaned in ``/dev/shm`` (new since the start, and held by no process) are
 removed afterwards. Once the app answers ``/readyz``, the demo keys and how to call the API are
 printed.
@@ -28,6 +29,7 @@ from pathlib import Path
 import httpx
 import yaml
 
+from app.cli.serve_config_check import config_problems
 from app.cli.serve_env import PROXIES, Proxy, serve_env
 
 DEFAULT_CONFIG = "deploy/config.yaml"
@@ -153,6 +155,14 @@ def run(config: str, proxy: Proxy = "haproxy") -> int:
     config_path = Path(config)
     if not config_path.exists():
         print(f"config file not found: {config}", file=sys.stderr)
+        return 2
+    try:
+        problems = config_problems(yaml.safe_load(config_path.read_text()) or {})
+    except yaml.YAMLError as exc:
+        problems = [f"not YAML: {exc}"]
+    if problems:
+        print(f"{config}: not a config loraplex can serve:\n" + "\n".join(f"  - {p}" for p in problems),
+              file=sys.stderr)
         return 2
     if not is_initialized():
         init()

@@ -24,7 +24,7 @@ from ray.serve.handle import DeploymentHandle
 
 from adapters_registry.errors import RegistryError
 from app import request_ids
-from app.config import AppConfig
+from app.config import GATEWAY, AppConfig
 from app.errors import (
     AdapterNotVisible,
     BadRequest,
@@ -90,7 +90,7 @@ def _engine_response(out: dict[str, Any]) -> Response:
     return json_error(out["status"], out["body"], out.get("retry_after_s"), headers)
 
 
-@serve.deployment(name="Gateway")
+@serve.deployment(name=GATEWAY)
 @serve.ingress(api)
 class Gateway:
     def __init__(self, engine: DeploymentHandle, config: dict[str, Any]):

@@ -40,8 +40,25 @@ def test_h200_config_has_the_production_settings():
     assert engine["gpu_memory_utilization"] < 0.95  # headroom for adapter buffers and kernels
     assert engine["moe_lora_plugin"] is True
     assert "autoscaling_config" in args["engine_deployment"]
-    overrides = {d["name"]: d for d in load("deploy/h200.yaml")["applications"][0]["deployments"]}
-    assert overrides["Engine"]["max_surge_percent"] > 0  # rolling updates start replacements first
+    assert args["engine_deployment"]["max_surge_percent"] > 0  # rolling updates start replacements first
+    assert args["engine_deployment"]["graceful_shutdown_timeout_s"] >= 60  # long generations finish
+
+
+@pytest.mark.parametrize("topology", ["split", "colocated"])
+@pytest.mark.parametrize("rel", PRODUCTION_CONFIGS)
+def test_production_configs_serve_under_either_topology(rel, topology):
+    """A config switched to the other topology is still one Serve builds (its deployment options
+    live in args, which follow the topology), and the names loraplex serve checks overrides against
+    are those build_app binds."""
+    from app.cli.serve_config_check import config_problems
+    from app.config import AppConfig
+    from tests.helpers.serve_configs import deployment_names
+
+    cfg = load(rel)
+    cfg["applications"][0]["args"]["topology"] = topology
+    assert serve_config_problems(cfg) == [] and config_problems(cfg) == []
+    args = cfg["applications"][0]["args"]
+    assert sorted(deployment_names(args)) == sorted(AppConfig.model_validate(args).deployment_names())
 
 
 def test_checks_catch_a_wrong_config():
@@ -59,7 +76,7 @@ def test_checks_catch_a_wrong_config():
     bad["applications"][0]["import_path"] = "app.no_such_module:build_app"
     assert any("not found" in p for p in serve_config_problems(bad))
     bad = copy.deepcopy(cfg)
-    bad["applications"][0]["deployments"][0]["name"] = "Engines"
+    bad["applications"][0]["deployments"] = [{"name": "Engines", "max_surge_percent": 25}]
     assert any("Engines" in p for p in serve_config_problems(bad))
     bad = copy.deepcopy(cfg)
     bad["applications"][0]["route_prefix"] = 7

@@ -90,3 +90,38 @@ def test_serve_cleanup_removes_only_orphaned_new_shm_segments():
         del semaphore
         for p in (old, orphan, held, mapped):
             p.unlink(missing_ok=True)
+
+
+def test_serve_refuses_a_config_serve_would_take_and_never_serve_before_starting_anything(tmp_path):
+    """deploy/h200.yaml switched to the colocated topology with split's per-deployment overrides
+    (Serve's controller rejects such an app after `serve run` started, and `serve run` then
+    serves nothing, forever), and an unknown engine key: exit 2 at once, each problem named,
+    no Ray started and no LORAPLEX_HOME initialised."""
+    import time
+
+    import yaml
+
+    from tests.helpers.paths import REPO
+
+    cfg = yaml.safe_load((REPO / "deploy" / "h200.yaml").read_text())
+    app = cfg["applications"][0]
+    app["args"]["topology"] = "colocated"
+    app["deployments"] = [{"name": "Engine", "max_surge_percent": 25}, {"name": "Gateway"}, {"name": "Server"}]
+    path = tmp_path / "colocated.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    home = tmp_path / "home"
+    env = {"LORAPLEX_HOME": str(home), "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "app.cli.main", "serve", str(path)], env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert "overrides for 'Engine', 'Gateway', which topology 'colocated' does not deploy (it deploys 'Server')" in r.stderr
+    assert "args.engine_deployment" in r.stderr and not home.exists() and time.monotonic() - t0 < 60
+    app["args"]["topology"] = "split"
+    app["deployments"] = [{"name": "Engine", "max_surge_percent": 25}]  # split has an Engine: accepted
+    app["args"]["engine"]["max_lora"] = 8  # typo of max_loras: AppConfig forbids unknown keys
+    path.write_text(yaml.safe_dump(cfg))
+    r = subprocess.run([sys.executable, "-m", "app.cli.main", "serve", str(path)], env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 2 and "args.engine.max_lora: Extra inputs are not permitted" in r.stderr, r.stderr
+    assert "deployments:" not in r.stderr and not home.exists()
