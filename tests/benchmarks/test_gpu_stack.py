@@ -221,3 +221,28 @@ def test_the_decode_step_is_the_median_gap_between_tokens_not_tpot():
     report = StackReport(date="now", command="x", plan={}, estimate_s=0, systems=runs)
     step = next(r for r in targets_table(report, plan) if r.startswith("| (d) decode step"))
     assert "1.20× (12.00 / 10.00)" in step and step.endswith("| met |"), step  # TPOT would say 1.90×
+
+
+@pytest.mark.parametrize("topology", ["split", "colocated"])
+def test_the_gpu_hosts_serve_config_is_one_loraplex_serve_accepts_in_either_topology(tmp_path, topology):
+    """deploy/h200.yaml as the GPU host rewrites it (store, tenants, cache, model, one replica
+    each), with --loraplex-topology: `loraplex serve` finds nothing to refuse (a colocated run was
+    once rejected by Serve for split's per-deployment overrides) and the engine section is the
+    file's with only the model changed."""
+    from app.cli.serve_config_check import config_problems
+    from benchmarks.gpu_stack_parts.assets import ModelAssets
+    from benchmarks.gpu_stack_parts.serve_config import H200_CONFIG, host_config
+
+    assets = ModelAssets(kind="gptoss-mxfp4", model_dir=tmp_path / "model", home=tmp_path / "home",
+                         engine={"model": str(tmp_path / "model"), "load_format": "dummy"}, gpu=True)
+    cfg = host_config(assets, tmp_path, "s3://bucket/bench", "http://127.0.0.1:9", tmp_path / "tenants.yaml", 2**30)
+    args = cfg["applications"][0]["args"]
+    args["topology"] = topology
+    assert config_problems(cfg) == []
+    assert args["engine_deployment"]["num_replicas"] == 1 and "autoscaling_config" not in args["engine_deployment"]
+    assert args["engine_deployment"]["max_surge_percent"] == 25 and args["cache_max_bytes"] == 2**30
+    import yaml
+
+    file_engine = yaml.safe_load(H200_CONFIG.read_text())["applications"][0]["args"]["engine"]
+    assert {k: v for k, v in args["engine"].items() if k not in ("model", "load_format")} == \
+        {k: v for k, v in file_engine.items() if k != "model"}
