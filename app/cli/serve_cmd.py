@@ -1,12 +1,14 @@
-"""``loraplex serve [CONFIG]``: init if needed, then ``serve run CONFIG`` until Ctrl-C or SIGTERM.
+"""``loraplex serve [CONFIG]``: init if needed, then ``serve run CONFIG`` (``app.cli.serve_driver``:
+its start, plus an end when an application fails to deploy) until Ctrl-C or SIGTERM.
 
-``serve run`` aborts on SIGTERM, so SIGTERM (and SIGINT) are forwarded to it as SIGINT, which
-stops Serve and the local Ray cluster it started. Whatever dispositions this process inherited
+The driver, like ``serve run``, takes SIGINT as its clean stop, so SIGTERM (and SIGINT) are
+forwarded to it as SIGINT, which stops Serve and the local Ray cluster it started. Whatever dispositions this process inherited
 (a shell's background job starts with SIGINT ignored), the handlers are in place before the child
 starts and the child starts with default ones. If the child has not stopped ``SHUTDOWN_GRACE_S``
 after the first signal, its process group gets SIGTERM, and ``KILL_GRACE_S`` later SIGKILL; once
 it has exited, anything left in its group is stopped the same way. Exit status: 0 after a
-requested stop, otherwise the child's (1 if it exited 0 on its own: the app died); 2 before
+requested stop, otherwise the child's (1 if it exited 0 on its own, or an application failed to
+deploy); 2 before
 anything starts when the config is missing or fails ``app.cli.serve_config_check``. Shared-memory
 segments the run left orphaned in ``/dev/shm`` (new since the start, and held by no process) are
 removed afterwards. Once the app answers ``/readyz``, the demo keys and how to call the API are
@@ -29,6 +31,7 @@ from pathlib import Path
 import httpx
 import yaml
 
+from app.cli import serve_driver
 from app.cli.serve_config_check import config_problems
 from app.cli.serve_env import PROXIES, Proxy, serve_env
 
@@ -80,13 +83,6 @@ def _announce_when_ready(base_url: str, stop: threading.Event) -> None:
             pass
 
 
-def _serve_executable() -> list[str]:
-    script = Path(sys.executable).with_name("serve")
-    if script.exists():
-        return [str(script)]
-    return [sys.executable, "-c", "from ray.serve.scripts import cli; cli()"]
-
-
 def _default_stop_signals() -> None:
     """In the child before ``exec``: default dispositions (ignored ones are inherited)."""
     for signum in STOP_SIGNALS:
@@ -94,7 +90,7 @@ def _default_stop_signals() -> None:
 
 
 class Supervisor:
-    """Runs ``serve run`` in its own process group and stops the group on request (module doc)."""
+    """Runs the driver in its own process group and stops the group on request (module doc)."""
 
     def __init__(self, cmd: list[str], env: dict[str, str]) -> None:
         self.stop_requested_at: float | None = None
@@ -107,7 +103,7 @@ class Supervisor:
         if self.stop_requested_at is None:
             self.stop_requested_at = time.monotonic()
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)  # serve run's clean shutdown
+            self.proc.send_signal(signal.SIGINT)  # the driver's (serve run's) clean shutdown
 
     def wait(self) -> int:
         """Until the child exits (escalating after a stop request), then until its group is
@@ -168,8 +164,7 @@ def run(config: str, proxy: Proxy = "haproxy") -> int:
         init()
     env, run_dir = serve_env(dict(os.environ), proxy)
     shm_before = set(SHM.iterdir()) if SHM.is_dir() else set()
-    supervisor = Supervisor(_serve_executable() + ["run", "--address", "local", str(config_path)],
-                            env)
+    supervisor = Supervisor(serve_driver.command(str(config_path)), env)
     host, port = http_address(config_path)
     stop = threading.Event()
     threading.Thread(target=_announce_when_ready, args=(f"http://{host}:{port}", stop), daemon=True).start()

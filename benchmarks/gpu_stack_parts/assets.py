@@ -21,6 +21,8 @@ from pydantic import BaseModel, Field
 
 from benchmarks.gpu_stack_parts.plan import TENANTS, tenant_of
 
+OPERATOR = "bench-operator"
+
 MODELS = ("gptoss-mxfp4", "gptoss", "embedded")
 ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
 GPT_OSS_LORA_SCALE = 0.002
@@ -96,10 +98,11 @@ def write_adapters(assets: ModelAssets, root: Path, rank: int, indices: list[int
 
 def write_tenants(path: Path) -> dict[str, str]:
     """A tenants file with one key for each of the ``TENANTS`` tenants (limits high enough for
-    every phase); returns tenant -> key."""
+    every phase) and one for ``OPERATOR``; returns tenant -> key."""
     from app.gateway.tenants import TenantsFile
 
     doc = TenantsFile()
     keys = {tenant_of(i): doc.add_key(tenant_of(i), max_concurrency=1024) for i in range(TENANTS)}
+    keys[OPERATOR] = doc.add_key(OPERATOR, operator=True)  # the admin API: metrics targets
     doc.write(path)
     return keys

@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.gpu_stack_parts import systems
-from benchmarks.gpu_stack_parts.assets import ModelAssets, write_adapters
+from benchmarks.gpu_stack_parts.adapter_loads import OperatorAccess, load_split, read_totals
+from benchmarks.gpu_stack_parts.assets import OPERATOR, ModelAssets, write_adapters
 from benchmarks.gpu_stack_parts.engine_alone import EngineJob, JobPhase, sweep_record
 from benchmarks.gpu_stack_parts.models import (
     ColdStart,
@@ -276,14 +277,33 @@ def cold_start(ctx: Context, target: TargetSpec, k: int) -> ColdStart:
                             output_len=WARMUP_TOKENS, temperature=TEMPERATURE, concurrency=1, num_requests=1,
                             vocab_size=ctx.vocab, exclude_token_ids=ctx.special, seed=seed, timeout_s=ctx.timeout_s))
 
+    stack = OperatorAccess(target.base_url, ctx.keys[OPERATOR])
+    before = _metrics_or_none(lambda: read_totals(stack))
     cold, warm = first_token(zlib.crc32(adapter.encode())), first_token(zlib.crc32(adapter.encode()) + 1)
     c, h = cold.records[0], warm.records[0]
     rec.cold_ttft_ms, rec.cold_e2e_ms, rec.warm_ttft_ms = c.ttft_ms, c.e2e_ms, h.ttft_ms
     if not (c.ok and h.ok):
         rec.error = (c.error or h.error or "request failed")[:500]
+    split = _metrics_or_none(lambda: load_split(stack, before)) if before is not None else None
+    if split:
+        rec.disk_load_s, rec.engine_load_s = split["disk"], split["engine"]
+
+    def s(x: float | None) -> str:
+        return "-" if x is None else f"{x:.2f} s"
+
     print(f"loraplex cold start {adapter}: push {pushed.seconds:.1f} s, TTFT cold {c.ttft_ms} ms, "
-          f"warm {h.ttft_ms} ms", flush=True)
+          f"warm {h.ttft_ms} ms; the replica's loads: disk {s(rec.disk_load_s)}, engine {s(rec.engine_load_s)}",
+          flush=True)
     return rec
+
+
+def _metrics_or_none(read: Callable[[], Any]) -> Any:
+    """A scrape of the stack's metrics, or None (and why, printed) when it cannot be read."""
+    try:
+        return read()
+    except Exception as exc:  # noqa: BLE001 - the cold start's own figures stand without the split
+        print(f"loraplex cold start: no load split from the metrics ({type(exc).__name__}: {exc})", flush=True)
+        return None
 
 
 def run_engine_block(ctx: Context, block: SystemBlock) -> SystemRun:

@@ -149,8 +149,14 @@ def cold_row(report: StackReport, plan: Plan) -> str:
     worst = max(colds, key=lambda c: c.cold_ttft_ms)
     size = f"{worst.adapter_bytes / 2**20:.1f} MiB" if worst.adapter_bytes else "size unknown"
     note = "" if plan.workload.expert_lora else " — attention only, not the target's attention + experts adapter"
+    loads = ""
+    if worst.disk_load_s is not None or worst.engine_load_s is not None:
+        def s(x):
+            return "-" if x is None else f"{x:.2f} s"
+
+        loads = f"; the replica's loads: download + verify {s(worst.disk_load_s)}, to add_lora returning {s(worst.engine_load_s)}"
     text = (f"worst {worst.cold_ttft_ms / 1000:.2f} s of {len(colds)} (warm {worst.warm_ttft_ms:.0f} ms; "
-            f"adapter rank {plan.workload.rank}, {size}{note})")
+            f"adapter rank {plan.workload.rank}, {size}{note}{loads})")
     return _row(target, text, worst.cold_ttft_ms <= 1500.0)
 
 

@@ -246,3 +246,44 @@ def test_the_gpu_hosts_serve_config_is_one_loraplex_serve_accepts_in_either_topo
     file_engine = yaml.safe_load(H200_CONFIG.read_text())["applications"][0]["args"]["engine"]
     assert {k: v for k, v in args["engine"].items() if k not in ("model", "load_format")} == \
         {k: v for k, v in file_engine.items() if k != "model"}
+
+
+def test_a_cold_starts_load_split_comes_from_the_load_histograms_per_tier(monkeypatch, tmp_path):
+    """Sum and count of loraplex_adapter_load_seconds per tier, over replicas and nodes, before and
+    after the cold request: one load per tier gives its seconds; a count that moved by other than one
+    (another adapter loaded meanwhile) gives none; the targets row prints the split."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from benchmarks.gpu_stack_parts import adapter_loads
+    from benchmarks.gpu_stack_parts.assets import OPERATOR, write_tenants
+    from benchmarks.gpu_stack_parts.models import ColdStart
+    from benchmarks.gpu_stack_parts.targets import cold_row
+    from tests.helpers.metrics_scrape import Scrape
+
+    def scrape_of(disk: tuple[float, int], engine: tuple[float, int]) -> Scrape:
+        text = "".join(
+            f'{adapter_loads.LOAD}_sum{{tier="{t}",replica="{r}",NodeAddress="n{r}"}} {v[0] / 2}\n'
+            f'{adapter_loads.LOAD}_count{{tier="{t}",replica="{r}",NodeAddress="n{r}"}} {v[1] / 2}\n'
+            for t, v in (("disk", disk), ("engine", engine)) for r in ("a", "b"))
+        return Scrape([s for f in text_string_to_metric_families(text) for s in f.samples])
+
+    before = adapter_loads.load_totals(scrape_of((4.0, 2), (6.0, 2)))
+    assert before == {"disk": (4.0, 2.0), "engine": (6.0, 2.0)}
+    monkeypatch.setattr(adapter_loads, "scrape_until", lambda stack, done, timeout_s: scrape_of((5.5, 3), (8.25, 3)))
+    stack = adapter_loads.OperatorAccess("http://x", "lpx-op")
+    assert adapter_loads.load_split(stack, before) == {"disk": 1.5, "engine": 2.25}
+    assert stack.headers("operator") == {"Authorization": "Bearer lpx-op"}
+    monkeypatch.setattr(adapter_loads, "scrape_until", lambda stack, done, timeout_s: scrape_of((9.0, 4), (8.25, 3)))
+    assert adapter_loads.load_split(stack, before) == {"disk": None, "engine": 2.25}
+
+    keys = write_tenants(tmp_path / "tenants.yaml")
+    from app.gateway.tenants import TenantDirectory
+
+    assert TenantDirectory(tmp_path / "tenants.yaml").authenticate(f"Bearer {keys[OPERATOR]}").operator
+
+    report = _report("default", ("loraplex",), "x")
+    report.systems[0].error = None
+    report.systems[0].cold_starts = [ColdStart(adapter="cold-r32-0", adapter_bytes=739679531, cold_ttft_ms=2369.0,
+                                               warm_ttft_ms=89.0, disk_load_s=1.5, engine_load_s=2.25)]
+    row = cold_row(report, build_plan("default", "gptoss-mxfp4"))
+    assert "2.37 s" in row and "download + verify 1.50 s, to add_lora returning 2.25 s" in row and "NOT met" in row

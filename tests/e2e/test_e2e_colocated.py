@@ -99,7 +99,7 @@ def test_tenancy_errors_are_the_gateways(colocated_stack):
 
 def test_an_abandoned_stream_releases_its_pin_and_its_engine_request(colocated_stack):
     stack = colocated_stack
-    body = {"model": "acme-support", "prompt": PROMPT, "max_tokens": MAX_MODEL_LEN // 2, "ignore_eos": True,
+    body = {"model": "acme-support", "prompt": PROMPT, "max_tokens": MAX_MODEL_LEN - 64, "ignore_eos": True,
             "stream": True}
     with httpx.stream("POST", stack.base_url + "/v1/completions", headers=stack.headers("acme"), json=body,
                       timeout=60) as r:

@@ -41,7 +41,7 @@ def _until(condition, timeout_s: float, what: str, period_s: float = 1.0):
 @pytest.fixture
 def two_node_stack(loraplex_home, tmp_path):
     """The stack on a two-node cluster: ``(stack, cluster)``; everything stopped afterwards."""
-    from app.cli.serve_cmd import _serve_executable
+    from app.cli.serve_driver import command
     from app.embedded.setup import demo_keys
     from tests.helpers.stack import Stack, stack_env, stack_processes, wait_for_engine_replicas, write_config
 
@@ -55,7 +55,7 @@ def two_node_stack(loraplex_home, tmp_path):
     })
     log_path = tmp_path / "serve-run.log"
     with TwoNodeCluster(env) as cluster, open(log_path, "wb") as log:
-        proc = subprocess.Popen(_serve_executable() + ["run", "--address", cluster.address, str(config)],
+        proc = subprocess.Popen(command(str(config), cluster.address),
                                 cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         stack = Stack(f"http://127.0.0.1:{port}", home, demo_keys(home), proc, log_path, env,
                       store_uri=(home / "store").as_uri())

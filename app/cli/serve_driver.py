@@ -1,0 +1,102 @@
+"""The child process of ``loraplex serve``: what ``serve run CONFIG`` does, then a watch that
+``serve run`` lacks.
+
+``serve run`` of a config starts a local Ray cluster, starts Serve with the config's proxy, HTTP,
+gRPC and controller options, submits the applications and sleeps until SIGINT, whatever becomes
+of them: an application Serve cannot build or start (an exception in the builder, replicas that
+keep failing their constructor) leaves it serving nothing, forever. This driver does the same
+start, then polls Serve's status and ends (exit 1, Serve shut down) with Serve's message when an
+application reaches ``DEPLOY_FAILED``. SIGINT shuts Serve down and exits 0, as ``serve run``.
+
+Ray internals used here, and nowhere else: ``ray.serve._private.api.serve_start`` and the
+client's ``deploy_apps`` (what ``serve run`` calls; Ray 2.60). Another Ray version falls back to
+``serve run`` itself (``command``).
+
+    python -m app.cli.serve_driver CONFIG [--address ADDRESS]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+RAY_SERIES = "2.60."  # the Ray whose serve run this reproduces
+POLL_S = 2.0
+
+
+def supported() -> bool:
+    import ray
+
+    return ray.__version__.startswith(RAY_SERIES)
+
+
+def command(config: str, address: str = "local") -> list[str]:
+    """The child's command line: this driver, or ``serve run`` on another Ray."""
+    if supported():
+        return [sys.executable, "-m", "app.cli.serve_driver", config, "--address", address]
+    script = Path(sys.executable).with_name("serve")
+    serve = [str(script)] if script.exists() else [sys.executable, "-c", "from ray.serve.scripts import cli; cli()"]
+    return serve + ["run", "--address", address, config]
+
+
+def failed_applications(status) -> dict[str, str]:
+    """``name -> Serve's message`` of every application in ``DEPLOY_FAILED`` (``serve.status()``)."""
+    return {name: app.message for name, app in status.applications.items() if app.status == "DEPLOY_FAILED"}
+
+
+def start(config_path: Path, address: str):
+    """Ray connected (a new local cluster for ``local``), Serve started with the config's
+    options, its applications submitted; returns the client."""
+    import ray
+    from ray.serve._private import api as serve_api
+    from ray.serve._private.constants import SERVE_NAMESPACE
+    from ray.serve.config import gRPCOptions
+    from ray.serve.schema import ServeDeploySchema
+
+    config = ServeDeploySchema.model_validate(yaml.safe_load(config_path.read_text()))
+    ray.init(address=address, namespace=SERVE_NAMESPACE)
+    client = serve_api.serve_start(http_options=config.http_options.model_dump(),
+                                   proxy_location=config.proxy_location,
+                                   grpc_options=gRPCOptions(**config.grpc_options.model_dump()),
+                                   controller_options=config.controller_options)
+    client.deploy_apps(config, _blocking=False)
+    print(f"submitted {config_path} to Serve", flush=True)
+    return client
+
+
+def watch(poll_s: float = POLL_S) -> int:
+    """Until an application fails to deploy (1) or SIGINT (0); Serve is shut down either way."""
+    from ray import serve
+
+    try:
+        while True:
+            time.sleep(poll_s)
+            if failed := failed_applications(serve.status()):
+                for name, message in failed.items():
+                    print(f"application {name!r} failed to deploy; Serve says:\n{message}", file=sys.stderr, flush=True)
+                serve.shutdown()
+                return 1
+    except KeyboardInterrupt:
+        print("stopping: shutting Serve down", flush=True)
+        serve.shutdown()
+        return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m app.cli.serve_driver", description=__doc__.splitlines()[0])
+    ap.add_argument("config", type=Path)
+    ap.add_argument("--address", default="local", help="Ray address: local (a new cluster) or a cluster's GCS address")
+    args = ap.parse_args(argv)
+    try:
+        start(args.config, args.address)
+    except KeyboardInterrupt:
+        return 0
+    return watch()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""``app.cli.serve_driver``, the child of ``loraplex serve``: an application Serve cannot build ends
+the driver with Serve's own message and every process it started gone, where ``serve run`` would
+have kept a Serve that serves nothing running forever."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from tests.helpers.net import free_port
+from tests.helpers.stack import stack_env, stack_processes, write_config
+
+pytestmark = pytest.mark.e2e
+
+
+def test_failed_applications_are_those_serve_marks_deploy_failed():
+    from app.cli.serve_driver import failed_applications
+
+    status = SimpleNamespace(applications={
+        "loraplex": SimpleNamespace(status="DEPLOY_FAILED", message="Deployment 'Engine' does not exist."),
+        "other": SimpleNamespace(status="RUNNING", message=""),
+        "starting": SimpleNamespace(status="DEPLOYING", message="")})
+    assert failed_applications(status) == {"loraplex": "Deployment 'Engine' does not exist."}
+
+
+def test_an_application_serve_cannot_build_ends_the_driver_with_serves_message(loraplex_home, tmp_path):
+    """Split's per-deployment override on a colocated app (what `loraplex serve` itself refuses
+    up front, run here through the driver alone): Serve's controller fails the build."""
+    import yaml
+
+    from app.cli.serve_driver import command
+
+    home = tmp_path / "home"
+    shutil.copytree(loraplex_home, home)
+    config = write_config(tmp_path / "serve.yaml", free_port(), {"topology": "colocated"})
+    cfg = yaml.safe_load(config.read_text())
+    cfg["applications"][0]["deployments"] = [{"name": "Engine", "max_surge_percent": 25}]
+    config.write_text(yaml.safe_dump(cfg))
+    env = stack_env(home)
+    t0 = time.monotonic()
+    try:
+        r = subprocess.run(command(str(config)), env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 1, r.stderr[-3000:]
+        assert "application 'loraplex' failed to deploy" in r.stderr and "Engine" in r.stderr, r.stderr[-3000:]
+        assert time.monotonic() - t0 < 240  # the watch ends it: no model is ever loaded
+        deadline = time.monotonic() + 30
+        while stack_processes(home) and time.monotonic() < deadline:
+            time.sleep(1)
+        assert not stack_processes(home)
+    finally:
+        for p in stack_processes(home):
+            subprocess.run(["kill", "-9", str(p)], check=False)
+        shutil.rmtree(env["RAY_TMPDIR"], ignore_errors=True)
