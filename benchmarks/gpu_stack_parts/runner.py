@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.gpu_stack_parts import systems
-from benchmarks.gpu_stack_parts.adapter_loads import OperatorAccess, load_split, read_totals
+from benchmarks.gpu_stack_parts.adapter_loads import OperatorAccess, load_split, settled_totals
 from benchmarks.gpu_stack_parts.assets import OPERATOR, ModelAssets, write_adapters
 from benchmarks.gpu_stack_parts.engine_alone import EngineJob, JobPhase, sweep_record
 from benchmarks.gpu_stack_parts.models import (
@@ -278,7 +278,7 @@ def cold_start(ctx: Context, target: TargetSpec, k: int) -> ColdStart:
                             vocab_size=ctx.vocab, exclude_token_ids=ctx.special, seed=seed, timeout_s=ctx.timeout_s))
 
     stack = OperatorAccess(target.base_url, ctx.keys[OPERATOR])
-    before = _metrics_or_none(lambda: read_totals(stack))
+    before = _metrics_or_none(lambda: settled_totals(stack))
     cold, warm = first_token(zlib.crc32(adapter.encode())), first_token(zlib.crc32(adapter.encode()) + 1)
     c, h = cold.records[0], warm.records[0]
     rec.cold_ttft_ms, rec.cold_e2e_ms, rec.warm_ttft_ms = c.ttft_ms, c.e2e_ms, h.ttft_ms

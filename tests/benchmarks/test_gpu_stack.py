@@ -276,6 +276,11 @@ def test_a_cold_starts_load_split_comes_from_the_load_histograms_per_tier(monkey
     monkeypatch.setattr(adapter_loads, "scrape_until", lambda stack, done, timeout_s: scrape_of((9.0, 4), (8.25, 3)))
     assert adapter_loads.load_split(stack, before) == {"disk": None, "engine": 2.25}
 
+    # the "before" totals wait until a previous phase's loads reached the export (two scrapes agree)
+    seq = iter([scrape_of((4.0, 2), (6.0, 2)), scrape_of((5.0, 3), (6.5, 3)), scrape_of((5.0, 3), (6.5, 3))])
+    monkeypatch.setattr(adapter_loads, "scrape", lambda stack: next(seq))
+    assert adapter_loads.settled_totals(stack, export_s=0.0) == {"disk": (5.0, 3.0), "engine": (6.5, 3.0)}
+
     keys = write_tenants(tmp_path / "tenants.yaml")
     from app.gateway.tenants import TenantDirectory
 
