@@ -91,6 +91,27 @@ def _sizes(text: str) -> list[int]:
     return sizes
 
 
+def _engine_setting(text: str) -> tuple[str, object]:
+    import yaml
+
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"{text!r}: KEY=VALUE, e.g. max_lora_rank=32")
+    return key.strip(), yaml.safe_load(value)
+
+
+def apply_engine_settings(engine: dict, settings: list[tuple[str, object]]) -> None:
+    """``settings`` into a Serve config's engine section: EngineConfig's own fields at its top,
+    anything else among the vLLM arguments passed unchanged (``extra_engine_args``)."""
+    from app.config import EngineConfig
+
+    for key, value in settings:
+        if key in EngineConfig.model_fields and key != "extra_engine_args":
+            engine[key] = value
+        else:
+            engine.setdefault("extra_engine_args", {})[key] = value
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=MODELS[0], choices=MODELS,
@@ -107,6 +128,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--cudagraph-capture-sizes", type=_sizes, default=None, metavar="N,N,...",
                     help="vLLM's CUDA graph batch sizes for every system (default: vLLM's, 35 sizes up to 2x "
                          "max_num_seqs; fewer sizes start each engine faster, the same on every system)")
+    ap.add_argument("--engine-set", action="append", default=[], type=_engine_setting, metavar="KEY=VALUE",
+                    help="an engine setting for every system (repeatable; VALUE read as YAML): a field of loraplex's "
+                    "engine section (app.config.EngineConfig, e.g. max_lora_rank=32) or else a vLLM engine argument "
+                    "(extra_engine_args, e.g. enable_prefix_caching=false)")
     ap.add_argument("--loraplex-topology", default=None, choices=TOPOLOGIES,
                     help="loraplex's `topology` (default: deploy/h200.yaml's, split; colocated: gateway and "
                     "engine in one replica, app.colocated)")
@@ -215,9 +240,12 @@ def main(argv: list[str] | None = None) -> int:
             free = shutil.disk_usage(workdir).free - store_bytes
             ctx.serve_cfg = host_config(assets, workdir, store.uri, store.endpoint, tenants,
                                         max(int(free * CACHE_SHARE_OF_FREE_DISK), 0))
+            engine = ctx.serve_cfg["applications"][0]["args"]["engine"]
             if args.cudagraph_capture_sizes:
-                engine = ctx.serve_cfg["applications"][0]["args"]["engine"]
                 engine.setdefault("extra_engine_args", {})["cudagraph_capture_sizes"] = args.cudagraph_capture_sizes
+            if args.engine_set:
+                apply_engine_settings(engine, args.engine_set)
+                report.notes.append("engine settings of every system: " + ", ".join(f"{k}={v}" for k, v in args.engine_set))
             if args.loraplex_topology:
                 ctx.serve_cfg["applications"][0]["args"]["topology"] = args.loraplex_topology
                 report.notes.append(f"loraplex topology: {args.loraplex_topology}")

@@ -292,3 +292,24 @@ def test_a_cold_starts_load_split_comes_from_the_load_histograms_per_tier(monkey
                                                warm_ttft_ms=89.0, disk_load_s=1.5, engine_load_s=2.25)]
     row = cold_row(report, build_plan("default", "gptoss-mxfp4"))
     assert "2.37 s" in row and "download + verify 1.50 s, to add_lora returning 2.25 s" in row and "NOT met" in row
+
+
+def test_engine_settings_reach_every_systems_engine_arguments(tmp_path):
+    """--engine-set: an EngineConfig field lands at the engine section's top, anything else among
+    the vLLM arguments; the stock servers' arguments (derived from that section) carry both."""
+    from benchmarks.gpu_stack import apply_engine_settings, build_parser
+    from benchmarks.gpu_stack_parts.assets import ModelAssets
+    from benchmarks.gpu_stack_parts.serve_config import host_config, stock_engine_args
+
+    args = build_parser().parse_args(["--engine-set", "max_lora_rank=32", "--engine-set", "enable_prefix_caching=false"])
+    assert args.engine_set == [("max_lora_rank", 32), ("enable_prefix_caching", False)]
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--engine-set", "max_lora_rank"])
+    assets = ModelAssets(kind="gptoss-mxfp4", model_dir=tmp_path / "model", home=tmp_path / "home",
+                         engine={"model": str(tmp_path / "model"), "load_format": "dummy"}, gpu=True)
+    cfg = host_config(assets, tmp_path, "s3://bucket/bench", "http://127.0.0.1:9", tmp_path / "tenants.yaml", 2**30)
+    engine = cfg["applications"][0]["args"]["engine"]
+    apply_engine_settings(engine, args.engine_set)
+    assert engine["max_lora_rank"] == 32 and engine["extra_engine_args"]["enable_prefix_caching"] is False
+    stock = stock_engine_args(cfg)
+    assert stock["max_lora_rank"] == 32 and stock["enable_prefix_caching"] is False
