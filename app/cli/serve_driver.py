@@ -75,7 +75,12 @@ def watch(poll_s: float = POLL_S) -> int:
     try:
         while True:
             time.sleep(poll_s)
-            if failed := failed_applications(serve.status()):
+            try:
+                status = serve.status()
+            except Exception as exc:  # noqa: BLE001 - the controller restarting, say: ask again later
+                print(f"Serve's status not read ({type(exc).__name__}: {exc}); asking again", file=sys.stderr, flush=True)
+                continue
+            if failed := failed_applications(status):
                 for name, message in failed.items():
                     print(f"application {name!r} failed to deploy; Serve says:\n{message}", file=sys.stderr, flush=True)
                 serve.shutdown()

@@ -27,6 +27,29 @@ def test_failed_applications_are_those_serve_marks_deploy_failed():
     assert failed_applications(status) == {"loraplex": "Deployment 'Engine' does not exist."}
 
 
+def test_the_watch_outlasts_an_unreadable_status_and_ends_at_a_failed_deploy(monkeypatch, capsys):
+    from ray import serve
+
+    from app.cli.serve_driver import watch
+
+    answers = iter([RuntimeError("controller restarting"),
+                    SimpleNamespace(applications={"loraplex": SimpleNamespace(status="DEPLOYING", message="")}),
+                    SimpleNamespace(applications={"loraplex": SimpleNamespace(status="DEPLOY_FAILED", message="boom")})])
+
+    def status():
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    shutdowns = []
+    monkeypatch.setattr(serve, "status", status)
+    monkeypatch.setattr(serve, "shutdown", lambda: shutdowns.append(1))
+    assert watch(poll_s=0.0) == 1 and shutdowns == [1]
+    err = capsys.readouterr().err
+    assert "controller restarting" in err and "application 'loraplex' failed to deploy; Serve says:\nboom" in err
+
+
 def test_an_application_serve_cannot_build_ends_the_driver_with_serves_message(loraplex_home, tmp_path):
     """Split's per-deployment override on a colocated app (what `loraplex serve` itself refuses
     up front, run here through the driver alone): Serve's controller fails the build."""
