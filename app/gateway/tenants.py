@@ -72,8 +72,12 @@ class TenantsFile(BaseModel):
 
     @classmethod
     def read(cls, path: Path) -> "TenantsFile":
-        data = yaml.safe_load(path.read_text()) if path.exists() else None
-        return cls.model_validate(data or {})
+        return cls.parse(path.read_text() if path.exists() else "")
+
+    @classmethod
+    def parse(cls, text: str) -> "TenantsFile":
+        """The table a tenants file's text holds (empty text: no tenants)."""
+        return cls.model_validate(yaml.safe_load(text) or {})
 
     def write(self, path: Path) -> None:
         """Atomic write (temp + rename), mode 0600: the file holds key hashes."""
@@ -100,27 +104,42 @@ class TenantDirectory:
     def __init__(self, path: Path, watch_interval_s: float = 0.5):
         self.path = path
         self.watch_interval_s = watch_interval_s
-        self._mtime: float | None = None
+        self._stamp: tuple[int, int] | None = None  # (mtime_ns, size) of the table loaded
+        self._loaded = False
         self._by_hash: dict[str, Tenant] = {}
         self.fair_share = True
         self._watcher: asyncio.Task | None = None
         self.reload_if_changed()
 
-    def reload_if_changed(self) -> None:
+    def _stat(self) -> tuple[int, int] | None:
         try:
-            mtime = self.path.stat().st_mtime
+            st = self.path.stat()
         except FileNotFoundError:
-            mtime = None
-        if mtime == self._mtime:
+            return None
+        return st.st_mtime_ns, st.st_size
+
+    def reload_if_changed(self) -> None:
+        """Loads the file if it changed since the table in use was read. Kept instead (and looked
+        at again next time): a file that does not validate; an empty file once a table is loaded
+        (a writer between truncating and writing it: ``tenants: []`` removes every tenant); a
+        file that changed while it was read."""
+        stamp = self._stat()
+        if stamp == self._stamp and self._loaded:
             return
         try:
-            doc = TenantsFile.read(self.path)
+            text = self.path.read_text() if stamp is not None else ""
+            if self._loaded and stamp is not None and not text.strip():
+                logger.warning("tenants file %s is empty: the last table stays (being written?)", self.path)
+                return
+            doc = TenantsFile.parse(text)
         except Exception as exc:  # keep the last good table
             logger.error("tenants file %s not reloaded: %s", self.path, exc)
             return
+        if self._stat() != stamp:  # rewritten meanwhile: read again at the next look
+            return
         self._by_hash = {h: t for t in doc.tenants for h in t.key_sha256}
         self.fair_share = doc.fair_share
-        self._mtime = mtime
+        self._stamp, self._loaded = stamp, True
 
     def _watching(self) -> bool:
         """Whether the watcher task runs (started here inside an event loop)."""

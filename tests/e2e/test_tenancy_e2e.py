@@ -76,14 +76,16 @@ def test_a_polite_tenant_keeps_its_latency_while_another_floods(tenancy_stack):
 
 
 def test_a_token_budget_holds_across_both_gateway_replicas(tenancy_stack):
-    """A tenant with 3000 tokens a minute sends 400 requests of 20 tokens (the gateway's charge:
-    prompt estimate + max_tokens) from 8 clients; both gateway replicas answer (header), and the
-    tokens admitted stay within 10% of the bucket plus what it refilled meanwhile."""
+    """A tenant with 3000 tokens a minute sends 400 requests of ~100 tokens each (the gateway's
+    charge: prompt estimate + max_tokens; a long prompt and 2 output tokens, so the demand is
+    far above the bucket and its refill however slowly the host serves) from 8 clients; both
+    gateway replicas answer (header), and the tokens admitted stay within 10% of the bucket plus
+    what it refilled meanwhile."""
     from app.gateway.ingress import _estimate_tokens
     from app.gateway.openai_bodies import GatewayFields
 
     stack = tenancy_stack
-    body = {"model": "loraplex-base", "prompt": "x", "max_tokens": 20}
+    body = {"model": "loraplex-base", "prompt": "tok " * 100, "max_tokens": 2}
     cost = _estimate_tokens(body, GatewayFields.of(body))
     url = stack.base_url + "/v1/completions"
     headers = stack.headers("metered")

@@ -141,3 +141,27 @@ def test_a_stopping_engine_replica_waits_for_its_streams():
     assert engine._deployment_config.graceful_shutdown_timeout_s == ENGINE_SHUTDOWN_GRACE_S
     engine = build_app({"engine_deployment": {"graceful_shutdown_timeout_s": 5}})._bound_deployment.init_args[0]
     assert engine._bound_deployment._deployment_config.graceful_shutdown_timeout_s == 5
+
+
+def test_a_tenants_file_caught_mid_write_keeps_the_table(tmp_path):
+    """A writer that truncates and then writes (``Path.write_bytes``, an editor) leaves the file
+    empty for a moment: a look then keeps the table and looks again, instead of a table without
+    tenants answering every key 401. ``tenants: []`` written on purpose does empty it."""
+    path = tmp_path / "tenants.yaml"
+    doc = TenantsFile()
+    key = doc.add_key("acme")
+    doc.write(path)
+    directory = TenantDirectory(path)
+    path.write_bytes(b"")  # the truncation, before the new content arrives
+    os.utime(path, (path.stat().st_atime, path.stat().st_mtime + 5))
+    assert directory.authenticate(f"Bearer {key}").name == "acme"
+    key2 = doc.add_key("globex")
+    doc.write(path)  # the content arrives: read at the next look
+    os.utime(path, (path.stat().st_atime, path.stat().st_mtime + 10))
+    assert directory.authenticate(f"Bearer {key2}").name == "globex"
+    path.write_text("tenants: []\n")
+    os.utime(path, (path.stat().st_atime, path.stat().st_mtime + 15))
+    with pytest.raises(Unauthorized):
+        directory.authenticate(f"Bearer {key}")
+    # a directory that starts on an empty or missing file starts with no tenants
+    assert TenantDirectory(tmp_path / "missing.yaml")._by_hash == {}
