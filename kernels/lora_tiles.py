@@ -39,12 +39,24 @@ def split_k_sum(p_ptrs, row_ok, split_k, stride_ps, USE_PDL: tl.constexpr):
 
 
 @triton.jit
+def slot_rank(rank, ranks_ptr, slot, SLOT_RANKS: tl.constexpr):
+    """How many of slot ``slot``'s A rows / B columns a program reads: the stack's ``rank``, or
+    with SLOT_RANKS the smaller of it and ``ranks_ptr[slot]``, the rank of the slot's adapter
+    (vLLM zeroes a slot's stack past its adapter's rank, so the rest holds nothing to read)."""
+    r = rank
+    if SLOT_RANKS:
+        r = tl.minimum(rank, tl.load(ranks_ptr + slot))
+    return r
+
+
+@triton.jit
 def shrink_tile(x_ptr, a_base, x_rows, row_ok, k_start, k_len, in_features, rank,
                 stride_xm, stride_ar, BM: tl.constexpr, RP: tl.constexpr,
                 BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, EVEN_R: tl.constexpr):
     """fp32 ``[BM, RP]`` = ``x[x_rows, k_start:k_start+k_len] @ A[:, k_start:...]^T`` for one
     block of rows (``x_rows`` int64 row indices, ``row_ok`` mask) and one adapter's ``A``
-    (``a_base``: its ``[r, in]`` matrix); masks only where EVEN_K / EVEN_R say so."""
+    (``a_base``: its ``[r, in]`` matrix; rows from ``rank`` on are not read, their columns of
+    the result are 0); masks only where EVEN_K / EVEN_R say so."""
     offs_r = tl.arange(0, RP)
     offs_k = k_start + tl.arange(0, BLOCK_K)
     x_ptrs = x_ptr + x_rows[:, None] * stride_xm + offs_k[None, :]

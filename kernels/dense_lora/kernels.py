@@ -17,7 +17,9 @@ at once. Then
 
 Layouts (vLLM's dense LoRA stacks): ``A [L, 1, r, in]`` and ``B [L, 1, N_slice, r]`` per slice,
 slice ``i`` writing columns ``[sum(N_<i), sum(N_<=i))`` of ``y [M, >= sum(N)]``. Grids depend
-only on M (CUDA-graph safe); M-dependent integers are not specialised on.
+only on M (CUDA-graph safe); M-dependent integers are not specialised on. With ``slot_live [L]``
+(HAS_LIVE) each slot's entry is its adapter's rank for the layer: 0 skips the slot, otherwise A
+rows and B columns are read up to it (the stack is zero past it).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.lora_tiles import shrink_tile, split_k_sum
+from kernels.lora_tiles import shrink_tile, slot_rank, split_k_sum
 
 
 @triton.jit
@@ -34,7 +36,8 @@ def _group_block(pid_b, num_groups, num_tokens, sorted_idx_ptr, group_slot_ptr, 
                  HAS_LIVE: tl.constexpr):
     """``(live, slot, rows [BM], pos [BM], row_ok [BM])`` of row-block program ``pid_b``: block
     ``pid_b`` of the compact numbering over the groups with a live slot (slot >= 0 and, with
-    HAS_LIVE, a non-zero ``slot_live`` entry: its adapter has weights for this layer)."""
+    HAS_LIVE, a non-zero ``slot_live`` entry: its adapter has weights for this layer, of that
+    rank)."""
     offs_g = tl.arange(0, G_P2)
     g_ok = offs_g < num_groups
     slots = tl.load(group_slot_ptr + offs_g, mask=g_ok, other=-1)
@@ -89,8 +92,9 @@ def _dense_lora_shrink_kernel(
             a_base = a2_ptr
     a_base += slot.to(tl.int64) * stride_al
     offs_r = tl.arange(0, RP)
+    r_lim = slot_rank(rank, slot_live_ptr, slot, HAS_LIVE)
     acc = shrink_tile(x_ptr, a_base, rows.to(tl.int64), row_ok, pid_s * k_per_split,
-                      k_per_split, in_features, rank, stride_xm, stride_ar, BM, RP, BLOCK_K,
+                      k_per_split, in_features, r_lim, stride_xm, stride_ar, BM, RP, BLOCK_K,
                       EVEN_K, EVEN_R)
     if HAS_SCALE:
         acc *= scale
@@ -142,7 +146,8 @@ def _dense_lora_expand_kernel(
     if EVEN_N and EVEN_R:
         bt = tl.load(b_ptrs)
     else:
-        bt = tl.load(b_ptrs, mask=(offs_r[:, None] < rank) & n_ok[None, :], other=0.0)
+        r_lim = slot_rank(rank, slot_live_ptr, slot, HAS_LIVE)
+        bt = tl.load(b_ptrs, mask=(offs_r[:, None] < r_lim) & n_ok[None, :], other=0.0)
     y_ptrs = y_ptr + rows.to(tl.int64)[:, None] * stride_ym + (col0 + offs_n)[None, :]
     if EVEN_N:
         y_mask = row_ok[:, None]

@@ -97,8 +97,9 @@ def dense_lora_shrink(x: torch.Tensor, lora_a: Sequence[torch.Tensor], groups: T
                       slot_live: torch.Tensor | None = None) -> torch.Tensor:
     """``x [M, >=in]`` with ``A [L, 1, r, in]`` (or ``[L, r, in]``) per slice, all slices of one
     shape → fp32 partials ``[split_k, M, S*RP]`` at the tokens' sorted positions (RP = rank
-    padded to 2^n >= 16). ``slot_live [L]`` int32 (optional): slots whose entry is 0 are skipped
-    (their partials are not written; pass the same tensor to the expand). Repeat calls of a
+    padded to 2^n >= 16). ``slot_live [L]`` int32 (optional): each slot's adapter rank for this
+    layer, A rows past it are not read and slots at 0 are skipped (their partials are not
+    written; pass the same tensor to the expand). Repeat calls of a
     known shape and M launch a prepared launch."""
     return shrink_with_plan(x, lora_a, groups, cfg, scale, use_pdl, slot_live)[0]
 
@@ -136,8 +137,8 @@ def shrink_with_plan(x, lora_a, groups, cfg, scale, use_pdl, slot_live
         (x, a[0], a1, a[-1], part, g.sorted_idx, g.slot, g.ntok, g.start, live, g.num_groups, m,
          in_features, rank, k_per_split, float(scale),
          x.stride(0), a[0].stride(0), a[0].stride(1), part.stride(0), part.stride(1)),
-        dict(BM=cfg.block_m, RP=rp, BLOCK_K=block_k, EVEN_K=even_k, EVEN_R=rank == rp,
-             NUM_SLICES=num_slices, HAS_SCALE=scale != 1.0, G_P2=next_pow2(g.num_groups),
+        dict(BM=cfg.block_m, RP=rp, BLOCK_K=block_k, EVEN_K=even_k,
+             EVEN_R=rank == rp and slot_live is None, NUM_SLICES=num_slices, HAS_SCALE=scale != 1.0, G_P2=next_pow2(g.num_groups),
              HAS_LIVE=slot_live is not None, USE_PDL=use_pdl,
              num_warps=cfg.num_warps, num_stages=2, launch_pdl=use_pdl),
         lead=_LEAD, extra=tuple(part.shape))
@@ -148,8 +149,9 @@ def dense_lora_expand(y: torch.Tensor, part: torch.Tensor, lora_b: Sequence[torc
                       groups: TokenGroups, cfg: DenseLoRAConfig, add_inputs: bool = True,
                       use_pdl: bool = False, slot_live: torch.Tensor | None = None) -> None:
     """``y [M, >=sum(N)] (+)= part @ B^T`` per slice, slice i into its columns; ``B [L, 1,
-    N_i, r]`` (or ``[L, N_i, r]``). Rows without an adapter, and with ``slot_live`` rows of
-    slots whose entry is 0, are left untouched (so with ``add_inputs=False`` only pass
+    N_i, r]`` (or ``[L, N_i, r]``). ``slot_live``: as for the shrink (B columns past a slot's
+    rank are not read). Rows without an adapter, and with ``slot_live`` rows of slots whose
+    entry is 0, are left untouched (so with ``add_inputs=False`` only pass
     ``slot_live`` when those rows may keep their contents). Repeat calls of a known shape and
     M launch a prepared launch."""
     expand_with_plan(y, part, lora_b, groups, cfg, add_inputs, use_pdl, slot_live)
@@ -190,7 +192,8 @@ def expand_with_plan(y, part, lora_b, groups, cfg, add_inputs, use_pdl, slot_liv
          ns[0], ns[1], ns[2], rank, part.shape[0],
          y.stride(0), bl[0], bl[1], bl[2], b[0].stride(1), part.stride(0), part.stride(1)),
         dict(BM=cfg.block_m, RP=rp, BLOCK_N=block_n,
-             EVEN_N=all(n % block_n == 0 for n in ns[:num_slices]), EVEN_R=rank == rp,
+             EVEN_N=all(n % block_n == 0 for n in ns[:num_slices]),
+             EVEN_R=rank == rp and slot_live is None,
              NUM_SLICES=num_slices, ADD_INPUTS=add_inputs, G_P2=next_pow2(g.num_groups),
              HAS_LIVE=slot_live is not None, USE_PDL=use_pdl,
              num_warps=cfg.num_warps, num_stages=1, launch_pdl=use_pdl),

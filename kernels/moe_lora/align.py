@@ -67,6 +67,9 @@ class MoELoRABlocks:
     token_lora: torch.Tensor  # [>=M] int32
     enabled: torch.Tensor  # [L] int32
     align_plans: list | None = None  # the prepared align launch(es) used (sorted, M > 0)
+    # ``enabled`` holds each slot's adapter rank (0: none), not a flag: the shrink / expand read
+    # A rows and B columns only up to it (``kernels.lora_tiles.slot_rank``)
+    slot_ranks: bool = False
 
 
 def max_num_blocks(num_rows: int, num_pairs: int, block_m: int) -> int:
@@ -287,19 +290,22 @@ def align_moe_lora(
     block_m: int,
     naive: bool = False,
     parallel: bool = False,
+    slot_ranks: bool = False,
 ) -> MoELoRABlocks:
     """Sorts rows into (adapter, expert) blocks.
 
     Args:
         topk_ids: ``[M, K]`` expert of each row (int32; -1 = not local).
         token_lora: ``[>=M]`` int32 adapter slot of each token, -1 for none.
-        enabled: ``[>=L]`` int32/bool, nonzero where the slot carries expert LoRA.
+        enabled: ``[>=L]`` int32/bool, nonzero where the slot carries expert LoRA (with
+            ``slot_ranks``: the rank of the slot's adapter, which the ops then read up to).
         num_experts: E (local experts).
         block_m: BM, rows per block (a power of two >= 16).
         naive: one row per block, no sort (see the module doc).
         parallel: two launches of one program per ``PARALLEL_CHUNK`` rows (per-chunk histograms,
             then each program places its rows) instead of one program for all rows; the same
             blocks (rows within a block may come in another order). For large batches.
+        slot_ranks: ``enabled`` holds ranks (``MoELoRABlocks.slot_ranks``).
     """
     num_tokens, top_k = topk_ids.shape
     num_rows = num_tokens * top_k
@@ -316,7 +322,7 @@ def align_moe_lora(
     if naive:
         dummy = _unused_table(dev)
         return MoELoRABlocks(dummy, dummy, dummy, dummy, num_rows, block_m, num_rows, top_k,
-                             num_experts, True, ids, token_lora, enabled)
+                             num_experts, True, ids, token_lora, enabled, slot_ranks=slot_ranks)
     max_blocks, starts, sizes = block_layout(num_rows, num_pairs, block_m, parallel)
     tables = layout_tables(torch.empty(starts[-1], dtype=torch.int32, device=dev), starts, sizes)
     plans = None
@@ -334,7 +340,8 @@ def align_moe_lora(
             _ALIGN_PLANS.put(key, plans)
     cursor, num_blocks, block_pair, block_nrows, sorted_rows, hist = tables
     return MoELoRABlocks(sorted_rows, block_pair, block_nrows, num_blocks, max_blocks, block_m,
-                         num_rows, top_k, num_experts, False, ids, token_lora, enabled, plans)
+                         num_rows, top_k, num_experts, False, ids, token_lora, enabled, plans,
+                         slot_ranks)
 
 
 def layout_tables(ints: torch.Tensor, starts: tuple[int, ...], sizes: tuple[int, ...]

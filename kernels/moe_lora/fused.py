@@ -33,7 +33,7 @@ def _moe_lora_fused_kernel(
     stride_xm, stride_al, stride_ae, stride_ar, stride_ym, stride_bl, stride_be, stride_bn,
     RP: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SLICES: tl.constexpr,
     HAS_SCALE: tl.constexpr, MUL_ROUTED_WEIGHT: tl.constexpr, ADD_INPUTS: tl.constexpr,
-    X_MAP: tl.constexpr, Y_MAP: tl.constexpr,
+    X_MAP: tl.constexpr, Y_MAP: tl.constexpr, SLOT_RANKS: tl.constexpr,
 ):
     row = tl.program_id(0)
     part = tl.program_id(1)
@@ -52,7 +52,10 @@ def _moe_lora_fused_kernel(
     a_base += slot.to(tl.int64) * stride_al + expert.to(tl.int64) * stride_ae
     b_base += slot.to(tl.int64) * stride_bl + expert.to(tl.int64) * stride_be
     offs_r = tl.arange(0, RP)
-    r_ok = offs_r < rank
+    r_lim = rank
+    if SLOT_RANKS:  # ``enabled`` holds the slot's adapter rank (``MoELoRABlocks.slot_ranks``)
+        r_lim = tl.minimum(rank, enabled)
+    r_ok = offs_r < r_lim
     x_row = row
     if X_MAP:
         x_row = tl.load(row_map_ptr + row)
@@ -141,5 +144,6 @@ def moe_lora_fused(
         NUM_SLICES=num_slices, HAS_SCALE=scaling is not None,
         MUL_ROUTED_WEIGHT=topk_weights is not None, ADD_INPUTS=add_inputs,
         X_MAP=row_map is not None and map_rows_of == "x",
-        Y_MAP=row_map is not None and map_rows_of == "y", num_warps=num_warps,
+        Y_MAP=row_map is not None and map_rows_of == "y", SLOT_RANKS=blocks.slot_ranks,
+        num_warps=num_warps,
     )

@@ -21,7 +21,9 @@ there (``ROW_MAP``); routing weights stay indexed by ``t*K+k``.
 
 Every kernel: grids depend only on M (CUDA-graph safe), batch-dependent integers are
 ``do_not_specialize``, programs of unused blocks exit at once (early exit for batches without
-MoE-LoRA), EVEN_K / EVEN_R drop masks, and the expand can be launched with programmatic
+MoE-LoRA), EVEN_K / EVEN_R drop masks, with SLOT_RANKS ``enabled [L]`` holds each slot's
+adapter rank (0: none) and A rows / B columns past it are not read (a rank-16 adapter in a
+rank-64 stack moves a quarter of the bytes), and the expand can be launched with programmatic
 dependent launch (PDL) so its B tiles load while the shrink finishes.
 
 ``kernels.moe_lora.launch`` launches them (``moe_lora_shrink`` / ``moe_lora_expand``);
@@ -33,7 +35,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.lora_tiles import shrink_tile, split_k_sum
+from kernels.lora_tiles import shrink_tile, slot_rank, split_k_sum
 from kernels.moe_lora.activation import swiglu_oai
 
 
@@ -80,6 +82,7 @@ def _moe_lora_shrink_kernel(
     BM: tl.constexpr, RP: tl.constexpr, BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr, EVEN_R: tl.constexpr, NUM_SLICES: tl.constexpr,
     NAIVE: tl.constexpr, USE_PDL: tl.constexpr, ROW_MAP: tl.constexpr,
+    SLOT_RANKS: tl.constexpr,
 ):
     pid_b = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -101,8 +104,9 @@ def _moe_lora_shrink_kernel(
         if pid_slice == 1:
             a_base = a1_ptr
     a_base += slot.to(tl.int64) * stride_al + expert.to(tl.int64) * stride_ae
+    r_lim = slot_rank(rank, enabled_ptr, slot, SLOT_RANKS)
     acc = shrink_tile(x_ptr, a_base, x_rows, row_ok, pid_s * k_per_split, k_per_split,
-                      in_features, rank, stride_xm, stride_ar, BM, RP, BLOCK_K, EVEN_K, EVEN_R)
+                      in_features, r_lim, stride_xm, stride_ar, BM, RP, BLOCK_K, EVEN_K, EVEN_R)
     p_ptrs = (part_ptr + pid_s * stride_ps + (pid_b * BM + offs_m)[:, None] * stride_pm
               + pid_slice * RP + offs_r[None, :])
     tl.store(p_ptrs, acc, mask=row_ok[:, None])
@@ -120,6 +124,7 @@ def _moe_lora_expand_kernel(
     EVEN_N: tl.constexpr, EVEN_R: tl.constexpr, NUM_SLICES: tl.constexpr,
     HAS_SCALE: tl.constexpr, MUL_ROUTED_WEIGHT: tl.constexpr, ADD_INPUTS: tl.constexpr,
     NAIVE: tl.constexpr, USE_PDL: tl.constexpr, SWIGLU: tl.constexpr, ROW_MAP: tl.constexpr,
+    SLOT_RANKS: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_b = tl.program_id(1)
@@ -144,7 +149,8 @@ def _moe_lora_expand_kernel(
     if EVEN_N and EVEN_R:
         bt = tl.load(b_ptrs)
     else:
-        bt = tl.load(b_ptrs, mask=(offs_r[:, None] < rank) & n_ok[None, :], other=0.0)
+        r_lim = slot_rank(rank, enabled_ptr, slot, SLOT_RANKS)
+        bt = tl.load(b_ptrs, mask=(offs_r[:, None] < r_lim) & n_ok[None, :], other=0.0)
     out_rows = rows  # y / act rows: the base backend's order under ROW_MAP
     if ROW_MAP:
         out_rows = tl.load(row_map_ptr + rows, mask=row_ok, other=0)

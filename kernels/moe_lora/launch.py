@@ -63,8 +63,8 @@ def shrink_with_plan(x, lora_a, blocks, x_row_div, cfg, use_pdl=False, out=None,
     num_slices = len(a)
     bl = blocks  # its block tables start on 16-byte boundaries by construction (align_moe_lora)
     rm = row_map_arg(row_map, bl.topk_ids, bl.num_rows)
-    key = (cfg, bl.max_blocks, bl.block_m, bl.naive, bl.top_k, bl.num_experts, x_row_div,
-           x.stride(0), x.dtype,
+    key = (cfg, bl.max_blocks, bl.block_m, bl.naive, bl.slot_ranks, bl.top_k, bl.num_experts,
+           x_row_div, x.stride(0), x.dtype,
            a[0].shape, a[0].stride(), num_slices, use_pdl, row_map is not None,
            aligned16(x, a[0], a[-1], bl.topk_ids, bl.token_lora, bl.enabled, rm),
            out is None or out.data_ptr() & 15 == 0)
@@ -93,8 +93,9 @@ def shrink_with_plan(x, lora_a, blocks, x_row_div, cfg, use_pdl=False, out=None,
          in_features, rank, bl.num_experts, x_row_div, k_per_split,
          x.stride(0), a[0].stride(0), a[0].stride(1), a[0].stride(2),
          part.stride(0), part.stride(1)),
-        dict(BM=bl.block_m, RP=rp, BLOCK_K=block_k, EVEN_K=even_k, EVEN_R=rank == rp,
-             NUM_SLICES=num_slices, NAIVE=bl.naive, USE_PDL=use_pdl, ROW_MAP=row_map is not None,
+        dict(BM=bl.block_m, RP=rp, BLOCK_K=block_k, EVEN_K=even_k,
+             EVEN_R=rank == rp and not bl.slot_ranks, NUM_SLICES=num_slices, NAIVE=bl.naive,
+             USE_PDL=use_pdl, ROW_MAP=row_map is not None, SLOT_RANKS=bl.slot_ranks,
              num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=use_pdl),
         lead=5 + len(blocks_args), extra=shape)
     return part, plan
@@ -154,8 +155,8 @@ def expand_with_plan(y, part, lora_b, blocks, cfg, scaling=None, topk_weights=No
     sc = scaling if scaling is not None else part
     ac = act if act is not None else y
     rm = row_map_arg(row_map, bl.topk_ids, bl.num_rows)
-    key = (cfg, bl.max_blocks, bl.block_m, bl.naive, bl.top_k, bl.num_experts, y.stride(0),
-           y.dtype, b[0].shape,
+    key = (cfg, bl.max_blocks, bl.block_m, bl.naive, bl.slot_ranks, bl.top_k, bl.num_experts,
+           y.stride(0), y.dtype, b[0].shape,
            b[0].stride(), num_slices, part.shape, scaling is not None, topk_weights is not None,
            tw.dtype, sc.dtype, add_inputs, use_pdl, act is not None, ac.stride(0), ac.dtype,
            swiglu, row_map is not None,
@@ -182,9 +183,10 @@ def expand_with_plan(y, part, lora_b, blocks, cfg, scaling=None, topk_weights=No
          y.stride(0), ac.stride(0), b[0].stride(0), b[0].stride(1), b[0].stride(2),
          part.stride(0), part.stride(1), float(swiglu[0]), float(swiglu[1])),
         dict(BM=bl.block_m, RP=rp, BLOCK_N=block_n,
-             EVEN_N=out_features % block_n == 0, EVEN_R=rank == rp, NUM_SLICES=num_slices,
+             EVEN_N=out_features % block_n == 0, EVEN_R=rank == rp and not bl.slot_ranks,
+             NUM_SLICES=num_slices,
              HAS_SCALE=scaling is not None, MUL_ROUTED_WEIGHT=topk_weights is not None,
              ADD_INPUTS=add_inputs, NAIVE=bl.naive, USE_PDL=use_pdl, SWIGLU=act is not None,
-             ROW_MAP=row_map is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-             launch_pdl=use_pdl),
+             ROW_MAP=row_map is not None, SLOT_RANKS=bl.slot_ranks, num_warps=cfg.num_warps,
+             num_stages=cfg.num_stages, launch_pdl=use_pdl),
         lead=8 + len(blocks_args))

@@ -53,14 +53,15 @@ class MoELoRALayer:
     def gate_up(self, y13: torch.Tensor, x: torch.Tensor, topk_ids: torch.Tensor,
                 token_lora: torch.Tensor, enabled: torch.Tensor, add_inputs: bool = True,
                 act: torch.Tensor | None = None,
-                row_map: torch.Tensor | None = None) -> "MoELoRAStep":
+                row_map: torch.Tensor | None = None, slot_ranks: bool = False) -> "MoELoRAStep":
         """``y13 [M*K, 2I] (+)= (x [M, H] A13^T) B13^T`` for the rows with expert LoRA
         (``topk_ids [M, K]``, ``token_lora [>=M]`` slot or -1, ``enabled [L]``); returns the
         step, for ``down``. ``act [M*K, I]``: those rows' GPT-OSS swiglu goes there instead
         (``step.act_done``; not for two gate/up slices or the fused tiny-batch launch, which
         add into ``y13`` as without it). ``row_map [M*K]`` int32: the rows of ``y13``, ``act``
         and down's input are at ``row_map[t*K+k]`` (``kernels.moe_lora.kernels``); the step
-        keeps it for ``down``."""
+        keeps it for ``down``. ``slot_ranks``: ``enabled`` holds each slot's adapter rank
+        (``MoELoRABlocks.slot_ranks``)."""
         m, k = topk_ids.shape
         cfg, sig = self._config(m, k, topk_ids.device)
         extra = tuple(t for t in (act, row_map) if t is not None)
@@ -75,12 +76,14 @@ class MoELoRALayer:
                               bool(cfg.get("align_parallel"))),
                    sig, k, enabled.shape[0], x.stride(0), y13.stride(0),
                    x.dtype, y13.dtype, add_inputs,
-                   None if act is None else (act.stride(0), act.dtype), row_map is not None)
+                   None if act is None else (act.stride(0), act.dtype), row_map is not None,
+                   slot_ranks)
             call = self._up.get(key)
         if call is None:
             ops = MoELoRAOps(topk_ids, token_lora, enabled, num_experts=self.num_experts,
                              hidden=self.hidden, intermediate=self.intermediate,
-                             rank=self.rank, num_slots=self.num_slots, config=cfg)
+                             rank=self.rank, num_slots=self.num_slots, config=cfg,
+                             slot_ranks=slot_ranks)
             act_done = ops.add_w13(y13, x, self.a13, self.b13, add_inputs=add_inputs, act=act,
                                    row_map=row_map)
             bl = ops.blocks
@@ -108,7 +111,7 @@ class MoELoRALayer:
                       part, part, *blocks, topk_ids if row_map is None else row_map)
         layout = MoELoRABlocks(sorted_rows, block_pair, block_nrows, num_blocks, max_blocks,
                                cfg["block_m"], m * k, k, self.num_experts, False, topk_ids,
-                               token_lora, enabled, align_plans)
+                               token_lora, enabled, align_plans, slot_ranks)
         return MoELoRAStep(self, MoELoRAOps.from_blocks(layout, cfg, pdl), True, act_done,
                            row_map, sig)
 
@@ -149,7 +152,8 @@ class MoELoRAStep:
         bl = ops.blocks
         tw = topk_weights.reshape(-1)
         key = (bl.max_blocks, bl.block_m, self.sig, ops.use_pdl, bl.top_k, h.stride(0),
-               y2.stride(0), h.dtype, y2.dtype, tw.dtype, add_inputs, rmap is not None)
+               y2.stride(0), h.dtype, y2.dtype, tw.dtype, add_inputs, rmap is not None,
+               bl.slot_ranks)
         fast = self.fast and aligned16(h, y2, tw)
         call = layer._down.get(key) if fast else None
         if call is None:

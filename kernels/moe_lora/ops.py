@@ -23,7 +23,7 @@ class MoELoRAOps:
     """The four ops of one MoE layer for one batch, sharing one block layout.
 
     ``topk_ids [M, K]``, ``token_lora [>=M]`` (-1: no adapter), ``enabled [L]`` (expert LoRA per
-    slot). The config comes from ``kernels/configs`` for this device and shape (or defaults).
+    slot; with ``slot_ranks`` the rank of each slot's adapter: ``MoELoRABlocks``). The config comes from ``kernels/configs`` for this device and shape (or defaults).
     """
 
     def __init__(
@@ -38,6 +38,7 @@ class MoELoRAOps:
         num_slots: int,
         config: dict | None = None,
         use_pdl: bool | None = None,
+        slot_ranks: bool = False,
     ) -> None:
         m, k = topk_ids.shape
         self.cfg = config or get_layer_config(
@@ -48,7 +49,8 @@ class MoELoRAOps:
                         if use_pdl is None else use_pdl)
         self.blocks = align_moe_lora(topk_ids, token_lora, enabled, num_experts,
                                      int(self.cfg["block_m"]), naive=bool(self.cfg.get("naive")),
-                                     parallel=bool(self.cfg.get("align_parallel")))
+                                     parallel=bool(self.cfg.get("align_parallel")),
+                                     slot_ranks=slot_ranks)
         self.fused = self.blocks.naive and bool(self.cfg.get("fused"))
         # (shrink, expand) prepared launches of each projection's op pair, once it has run
         # (the shrink's ``extra`` is its partials' shape)
@@ -121,6 +123,7 @@ def warm_up(
     top_k: int,
     configs: Sequence[tuple[int, dict]],
     mxfp4: bool = False,
+    slot_ranks: bool = False,
 ) -> None:
     """Compiles every kernel variant that the layer configs ``[(M, config)]`` can launch, so no
     batch size compiles during serving. Runs each config once at its M on zero inputs (outputs
@@ -128,14 +131,15 @@ def warm_up(
     row-chunk sizes and the parallel align where a config uses it. ``mxfp4``: the unfused MXFP4
     experts' variants instead (``kernels.vllm.cuda.mxfp4``): every op with a row map, the gate_up
     expand also with the activation folded in, and its complement
-    (``kernels.moe_lora.activation``). Call outside CUDA-graph capture.
+    (``kernels.moe_lora.activation``). ``slot_ranks``: the variants reading each slot's rank
+    (``MoELoRABlocks.slot_ranks``). Call outside CUDA-graph capture.
     """
     a13, b13 = as_slices(lora_a13), as_slices(lora_b13)
     dev = a13[0].device
     slots, rank, hidden = a13[0].shape[0], a13[0].shape[-2], a13[0].shape[-1]
     inter = lora_a2.shape[-1]
     n13 = sum(b.shape[-2] for b in b13)
-    enabled = torch.ones(slots, dtype=torch.int32, device=dev)
+    enabled = torch.full((slots,), rank if slot_ranks else 1, dtype=torch.int32, device=dev)
 
     def routing(m: int) -> tuple[torch.Tensor, torch.Tensor]:
         ids = (torch.arange(m * top_k, device=dev, dtype=torch.int32) % num_experts).view(m, top_k)
@@ -143,7 +147,8 @@ def warm_up(
 
     for m, cfg in configs:
         ids, lora = routing(m)
-        ops = MoELoRAOps(ids, lora, enabled, num_experts, hidden, inter, rank, slots, config=cfg)
+        ops = MoELoRAOps(ids, lora, enabled, num_experts, hidden, inter, rank, slots, config=cfg,
+                         slot_ranks=slot_ranks)
         y13 = torch.zeros(m * top_k, n13, dtype=a13[0].dtype, device=dev)
         x = torch.zeros(m, hidden, dtype=a13[0].dtype, device=dev)
         rmap = (torch.arange(m * top_k - 1, -1, -1, dtype=torch.int32, device=dev)

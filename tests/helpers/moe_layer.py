@@ -25,8 +25,11 @@ def moe_lora_layer(
     w13_bias: torch.Tensor | None = None,
     w2_bias: torch.Tensor | None = None,
     config: dict | None = None,
+    slot_ranks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``y [T, H]`` for the arguments of ``kernels.reference.moe_lora_reference``."""
+    """``y [T, H]`` for the arguments of ``kernels.reference.moe_lora_reference``;
+    ``slot_ranks [L]``: each slot's adapter rank, for the ops to read the stacks up to
+    (``MoELoRABlocks.slot_ranks``)."""
     t, k = topk_ids.shape
     flat_e = topk_ids.reshape(-1).long()
     rows_x = x.repeat_interleave(k, dim=0)  # [T*K, H]
@@ -35,10 +38,14 @@ def moe_lora_layer(
         y13 = y13 + w13_bias[flat_e]
     ops = None
     if lora is not None:
+        enabled = lora.has_experts.to(torch.int32)
+        if slot_ranks is not None:
+            enabled = enabled * slot_ranks.to(device=enabled.device, dtype=torch.int32)
         ops = MoELoRAOps(topk_ids.to(torch.int32), token_lora.to(torch.int32),
-                         lora.has_experts.to(torch.int32), num_experts=w13.shape[0],
+                         enabled, num_experts=w13.shape[0],
                          hidden=x.shape[1], intermediate=w2.shape[2], rank=lora.rank,
-                         num_slots=lora.num_slots, config=config)
+                         num_slots=lora.num_slots, config=config,
+                         slot_ranks=slot_ranks is not None)
         ops.add_w13(y13, x, lora.w13_a, lora.w13_b, scaling=lora.scaling)
     h = apply_activation(y13, activation).contiguous()  # [T*K, I]
     y2 = torch.bmm(h.unsqueeze(1), w2[flat_e].transpose(1, 2)).squeeze(1)  # [T*K, H]

@@ -123,7 +123,7 @@ def test_slots_marked_not_live_are_skipped(m):
     lora[1] = 1
     groups = group_tokens(lora, slots + 1)
     cfg = dense_config(m, k, len(ns))
-    live = torch.tensor([1, 0, 1], dtype=torch.int32, device=DEV)
+    live = torch.tensor([rank, 0, rank], dtype=torch.int32, device=DEV)
     dead = lora.cpu() == 1
     ref = dense_reference(y, x, a, b, torch.where(dead, -1, lora.cpu()), 1.0)
     before = y.clone()
@@ -132,6 +132,44 @@ def test_slots_marked_not_live_are_skipped(m):
     assert rel_err(y, ref) < (5e-3 if HAS_CUDA else 2e-4)
     assert torch.equal(y.cpu()[dead], before.cpu()[dead])
     assert not torch.equal(y.cpu()[lora.cpu() == 0], before.cpu()[lora.cpu() == 0])
+
+
+def past_slot_ranks(stacks, ranks, fill, rank_dim):
+    """Copies of vLLM-style stacks ``[L, ..]`` with every slot's entries past its adapter's rank
+    (``ranks [L]``) along ``rank_dim`` set to ``fill``."""
+    out = []
+    for t in stacks:
+        t = t.clone()
+        for s, r in enumerate(ranks):
+            t[s].narrow(rank_dim - 1, r, t.shape[rank_dim] - r).fill_(fill)
+        out.append(t)
+    return out
+
+
+@pytest.mark.parametrize("m", [5, 40])
+def test_slot_ranks_read_nothing_past_each_adapters_rank(m):
+    """``slot_live`` holding each slot's adapter rank (vLLM zeroes a stack past it): the ops
+    read A rows and B columns only up to it, so NaN there does not reach the output, and the
+    result equals the zero-padded stacks' (what vLLM holds); without the ranks the NaN is read."""
+    k, ns, slots, rank = 40, (24, 8, 8), 3, 32
+    ranks = [8, 32, 16]
+    y, x, a, b, lora = problem(m, k, ns, slots, rank, torch.float32, seed=40 + m)
+    lora[:3] = torch.tensor([0, 1, 2], dtype=torch.int32)
+    groups = group_tokens(lora, slots + 1)
+    cfg = dense_config(m, k, len(ns))
+    a0, b0 = past_slot_ranks(a, ranks, 0.0, 2), past_slot_ranks(b, ranks, 0.0, 3)
+    a_nan, b_nan = past_slot_ranks(a, ranks, float("nan"), 2), past_slot_ranks(
+        b, ranks, float("nan"), 3)
+    ref = dense_reference(y, x, a0, b0, lora.cpu(), 1.0)
+    live = torch.tensor(ranks, dtype=torch.int32, device=DEV)
+    got = y.clone()
+    dense_lora_expand(got, dense_lora_shrink(x, a_nan, groups, cfg, slot_live=live), b_nan,
+                      groups, cfg, slot_live=live)
+    assert torch.isfinite(got).all()
+    assert rel_err(got, ref) < (5e-3 if HAS_CUDA else 2e-4)
+    unranked = y.clone()
+    dense_lora_expand(unranked, dense_lora_shrink(x, a_nan, groups, cfg), b_nan, groups, cfg)
+    assert torch.isnan(unranked[(lora == 0) | (lora == 2)]).all()
 
 
 @pytest.mark.parametrize("with_mask", [False, True])
@@ -144,7 +182,8 @@ def test_groups_of_several_blocks_and_empty_groups(with_mask):
     lora = lora[torch.randperm(m, generator=torch.Generator().manual_seed(3))].to(DEV)
     groups = group_tokens(lora, slots + 1)
     cfg = DenseLoRAConfig(block_m=16, block_k=16, split_k=2, block_n=16)
-    live = torch.tensor([1, 1, 0, 1], dtype=torch.int32, device=DEV) if with_mask else None
+    live = (torch.tensor([rank, rank, 0, rank], dtype=torch.int32, device=DEV) if with_mask
+            else None)
     effective = lora.cpu().clone()
     if with_mask:
         effective[effective == 2] = -1
@@ -227,8 +266,8 @@ def test_vllm_op_inside_graphs_masks_slots_without_weights(monkeypatch):
     y, x, a, b, lora = problem(17, 40, (24, 8, 8), 3, 8, torch.float32, seed=6)
     lora[:3] = torch.tensor([0, 1, 2], dtype=torch.int32)
     g = group_tokens(lora, 4)
-    mask = torch.tensor([1, 0, 1], dtype=torch.int32, device=DEV)
-    monkeypatch.setattr(vllm_cuda_live, "_masks", {a[0].data_ptr(): mask})
+    ranks = torch.tensor([8, 0, 8], dtype=torch.int32, device=DEV)
+    monkeypatch.setattr(vllm_cuda_live, "_ranks", {a[0].data_ptr(): ranks})
     monkeypatch.setattr(vllm_cuda_live, "_tracking", [True])
     monkeypatch.setattr(vllm_cuda_live, "_step", {"slots": None})
     dead = lora.cpu() == 1

@@ -102,6 +102,42 @@ def test_repeat_layers_through_prepared_launches_match_reference(case):
     assert launches and not any(isinstance(v, torch.Tensor) for p in launches for v in p.tail)
 
 
+@pytest.mark.parametrize("cfg", [forced_config(16, 2, 16, 16), forced_config(16, 3, 16, 32),
+                                 forced_config(16, 2, 16, 16, naive=True),
+                                 forced_config(16, 2, 16, 16, naive=True, fused=True)],
+                         ids=["sorted", "sorted-split3", "naive", "fused"])
+def test_slot_ranks_read_nothing_past_each_adapters_rank(cfg):
+    """Each slot's adapter rank in ``enabled`` (``slot_ranks``; vLLM zeroes a stack past it):
+    every kernel path reads A rows and B columns only up to it, so NaN there never reaches the
+    output, which equals the zero-padded stacks' reference; without the ranks it is read."""
+    import dataclasses
+
+    t, h, i, e, k, n_slots, r = 9, 40, 24, 5, 2, 3, 32
+    ranks = torch.tensor([8, 32, 16])
+    p = random_moe_lora_problem(t, h, i, e, k, n_slots, r, dtype=torch.float32, device=DEV,
+                                no_adapter_fraction=0.2, seed=17)
+    p["token_lora"][:3] = torch.tensor([0, 1, 2])
+
+    def past_ranks(fill):
+        lora = p["lora"]
+        out = {}
+        for name, dim in (("w13_a", 2), ("w13_b", 3), ("w2_a", 2), ("w2_b", 3)):
+            w = getattr(lora, name).clone()
+            for s, rs in enumerate(ranks.tolist()):
+                w[s].narrow(dim - 1, rs, r - rs).fill_(fill)
+            out[name] = w
+        return dataclasses.replace(lora, **out)
+
+    ref = moe_lora_reference(**{**p, "lora": past_ranks(0.0)}, activation="silu",
+                             compute_dtype=torch.float64)
+    poisoned = {**p, "lora": past_ranks(float("nan"))}
+    got = moe_lora_layer(**poisoned, activation="silu", config=cfg, slot_ranks=ranks)
+    assert torch.isfinite(got).all()
+    assert rel_err(got, ref) < TOL_F32
+    unranked = moe_lora_layer(**poisoned, activation="silu", config=cfg)
+    assert torch.isnan(unranked[p["token_lora"] == 0]).all()
+
+
 def test_align_puts_every_lora_row_in_one_block(seed):
     gen = torch.Generator().manual_seed(seed + 1)
     m, k, e, n_slots, bm = 37, 3, 6, 4, 16
@@ -226,8 +262,9 @@ def test_gpu_model_shapes_bf16(shape, num_tokens, seed):
     assert rel_err(got, ref) < 2e-2
 
 
+@pytest.mark.parametrize("slot_ranks", [False, True])
 @pytest.mark.parametrize("mxfp4", [False, True])
-def test_warm_up_launches_every_variant_serving_launches(mxfp4, seed, monkeypatch):
+def test_warm_up_launches_every_variant_serving_launches(mxfp4, slot_ranks, seed, monkeypatch):
     """Every kernel variant a served batch of each config's M launches (real routing, adapters,
     tokens without one) was launched by the warm-up, so none compiles while serving; the
     warm-up only reads the weights."""
@@ -247,14 +284,14 @@ def test_warm_up_launches_every_variant_serving_launches(mxfp4, seed, monkeypatc
                (9, forced_config(16, 1, 32, 32, parallel=True))]
     spy = LaunchSpy(monkeypatch)
     with spy.phase("warm-up") as warmed:
-        warm_up(*weights, e, k, configs, mxfp4=mxfp4)
+        warm_up(*weights, e, k, configs, mxfp4=mxfp4, slot_ranks=slot_ranks)
     assert all(torch.equal(w, b) for w, b in zip(weights, before))
     with spy.phase("serving") as served:
         for m, cfg in configs:
             q = random_moe_lora_problem(m, 40, 24, e, k, n_slots, 8, device=DEV, seed=seed + m)
-            enabled = q["lora"].has_experts.to(torch.int32)
+            enabled = q["lora"].has_experts.to(torch.int32) * (4 if slot_ranks else 1)
             ops = MoELoRAOps(q["topk_ids"], q["token_lora"], enabled, e, 40, 24, 8, n_slots,
-                             config=cfg)
+                             config=cfg, slot_ranks=slot_ranks)
             rows = m * k
             y13 = torch.zeros(rows, 48, device=DEV)
             rmap = torch.randperm(rows).to(torch.int32).to(DEV) if mxfp4 else None

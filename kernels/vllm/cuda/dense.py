@@ -113,7 +113,9 @@ def dense_lora_linear(y: torch.Tensor, x: torch.Tensor, lora_a: list[torch.Tenso
     if add_inputs:  # (overwriting must write zeros for slots without weights: not skipped)
         if live.skippable(lora_a[0]):  # no adapter of this step targets the layer
             return
-        mask = live.slot_mask(lora_a[0])  # inside graphs: their programs exit
+        # per slot its adapter's rank here: programs of slots at 0 exit (inside graphs too),
+        # the others read A rows / B columns up to it
+        mask = live.slot_ranks(lora_a[0])
     layer = _layer(lora_a, lora_b)
     m = x.shape[0]
     groups = TokenGroups(sorted_idx, group_slot, group_ntok, group_start, m)

@@ -19,12 +19,15 @@ being captured (the graph must hold the launches for later steps) and never for 
 slots were not tracked. Keys are the data pointers of the modules' first A stacks (allocated
 once at model load).
 
-Inside CUDA graphs (decode) the launches stay, but they need not work: per dense module a
-device mask ``slot_mask(first_a_stack) [L]`` int32 (1: the slot's adapter has weights here) is
-kept in step with the first fact, written in place (outside graphs, when an adapter is
-activated; its address never changes), and the dense kernels' programs for slots marked 0 exit
-at once. vLLM activates its dummy adapters before capturing graphs, so every dense module has
-its mask by then.
+Inside CUDA graphs (decode) the launches stay, but they need not work: per module a device
+table ``slot_ranks(first_a_stack) [L]`` int32 (the rank of the slot's adapter for this module,
+0: no weights here) is kept in step with the first fact, written in place (outside graphs, when
+an adapter is activated; its address never changes). The dense kernels' programs for slots at 0
+exit at once, and the dense and MoE kernels read a slot's A rows and B columns only up to its
+adapter's rank: vLLM sizes the stacks for ``max_lora_rank`` and zeroes them past the adapter's
+rank, so a rank-32 adapter in a rank-64 engine would otherwise move twice its bytes every step.
+vLLM activates its dummy adapters before capturing graphs, so every module has its table by
+then.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ _tracking = [False]  # activate_adapter is wrapped: the facts below are kept
 _live: dict[int, set[int]] = {}  # module key -> slots whose adapter has weights there
 # slots this step's tokens use; its token count; whether every token is on a resident adapter
 _step: dict[str, object] = {"slots": None}
-_masks: dict[int, torch.Tensor] = {}  # dense module key -> [L] int32 device mask of _live
+_ranks: dict[int, torch.Tensor] = {}  # module key -> [L] int32 device table: rank per slot
 
 
 def first_a_stack(module) -> tuple[torch.Tensor | None, bool]:
@@ -62,39 +65,59 @@ def module_key(module) -> int | None:
 
 def record_slot(manager, index: int, lora_model) -> None:
     """After ``activate_adapter`` put ``lora_model`` in slot ``index``: per module, whether
-    that slot now holds weights."""
+    that slot now holds weights, and their rank."""
     for name, module in manager.modules.items():
-        first, moe = first_a_stack(module)
+        first, _ = first_a_stack(module)
         if first is None:
             continue
         key = first.data_ptr()
         live = _live.setdefault(key, set())
-        has = bool(manager._get_lora_layer_weights(lora_model, name))
-        if has:
+        weights = manager._get_lora_layer_weights(lora_model, name)
+        if weights:
             live.add(index)
         else:
             live.discard(index)
-        if not moe:  # MoE layers have vLLM's own per-slot flag (``adapter_enabled``)
-            _write_mask(key, first, index, has)
+        _write_rank(key, first, index, adapter_rank(weights, first.shape[-2]) if weights else 0)
 
 
-def _write_mask(key: int, first: torch.Tensor, index: int, has: bool) -> None:
+def adapter_rank(weights, stack_rank: int) -> int:
+    """The rank a slot's stack holds for a module's LoRA weights (vLLM's ``LoRALayerWeights``:
+    ``rank``, and for packed ones the largest of their parts' ``A [.., r, in]``), at most the
+    stack's: the kernels read that many A rows and B columns, so a value that cannot be told
+    is the stack's whole rank (never less than the weights')."""
+    rank = getattr(weights, "rank", None)
+    if not isinstance(rank, int) or rank <= 0:
+        return stack_rank
+    parts = weights.lora_a if isinstance(weights.lora_a, (list, tuple)) else ()
+    for a in parts:
+        if isinstance(a, torch.Tensor) and a.dim() >= 2:
+            rank = max(rank, a.shape[-2])
+    return min(rank, stack_rank)
+
+
+def _write_rank(key: int, first: torch.Tensor, index: int, rank: int) -> None:
     if first.is_cuda and torch.cuda.is_current_stream_capturing():
         return  # never written from inside a graph (vLLM activates adapters outside them)
     # vLLM activates its dummy adapters under inference mode (warm-up), a served one outside it
     # (the add_lora RPC): a tensor made in inference mode may be written in place only inside it
     with torch.inference_mode():
-        mask = _masks.get(key)
-        if mask is None:
-            mask = _masks[key] = torch.zeros(first.shape[0], dtype=torch.int32, device=first.device)
-        if 0 <= index < mask.shape[0]:
-            mask[index] = int(has)
+        ranks = _ranks.get(key)
+        if ranks is None:
+            ranks = _ranks[key] = torch.zeros(first.shape[0], dtype=torch.int32,
+                                              device=first.device)
+        if 0 <= index < ranks.shape[0]:
+            ranks[index] = rank
 
 
-def slot_mask(first_a_stack: torch.Tensor) -> torch.Tensor | None:
-    """The device mask of a dense module (``[L]`` int32, 1 where the slot's adapter has weights
-    for it), or None when the module is not tracked."""
-    return _masks.get(first_a_stack.data_ptr()) if _tracking[0] else None
+def tracking() -> bool:
+    """Whether slots are tracked (``install`` ran): the MoE ops then read ``slot_ranks``."""
+    return _tracking[0]
+
+
+def slot_ranks(first_a_stack: torch.Tensor) -> torch.Tensor | None:
+    """The device table of a module (``[L]`` int32: the rank of the slot's adapter for it, 0
+    where it has no weights), or None when the module is not tracked."""
+    return _ranks.get(first_a_stack.data_ptr()) if _tracking[0] else None
 
 
 def record_step(index_mapping, lora_index_to_id) -> None:
@@ -163,5 +186,5 @@ def reset() -> None:
     """Forgets what was tracked (after the patches are undone)."""
     _tracking[0] = False
     _live.clear()
-    _masks.clear()
+    _ranks.clear()
     _step["slots"] = None

@@ -13,7 +13,9 @@ tensor for the 3-D fused-expert layout (GPT-OSS; B ``[L, E, 2I, r]`` in the base
 interleaved for GPT-OSS) or two (gate, up) for per-expert adapters (Qwen3-MoE; B ``[L, E, I, r]``
 each, written to columns ``[0, I)`` and ``[I, 2I)``): our ops take 1 or 2 slices as they are, so
 nothing is copied. vLLM folds the LoRA scaling into B, so no scale is applied here. Slot validity
-comes from ``adapter_enabled`` (0 for an adapter without expert LoRA: its rows are skipped).
+and rank come from ``live.slot_ranks`` (0 for an adapter without expert LoRA: its rows are
+skipped; otherwise A rows and B columns are read up to the adapter's rank, not the stack's), or
+from vLLM's ``adapter_enabled`` flags where the slots are not tracked.
 
 ``install`` also warms the kernels up when vLLM sets up each MoE layer's LoRA
 (``kernels.vllm.cuda.warmup``); the other integrations of the CUDA path are installed beside
@@ -91,9 +93,11 @@ def _gate_up(ctx, y2d: torch.Tensor, x: torch.Tensor, topk_ids: torch.Tensor,
         return _SKIP
     token_lora = ctx.punica_wrapper.token_mapping_meta.token_lora_mapping[: x.size(0)]
     x2d = x if x.stride(-1) == 1 else x.contiguous()
-    return _moe_layer(ctx).gate_up(y2d, x2d, topk_ids, token_lora,
-                                   ctx.adapter_enabled[: ctx.max_loras], add_inputs=add_inputs,
-                                   act=act, row_map=row_map)
+    ranks = live.slot_ranks(ctx.w13_lora_a_stacked[0])
+    enabled = ranks if ranks is not None else ctx.adapter_enabled[: ctx.max_loras]
+    return _moe_layer(ctx).gate_up(y2d, x2d, topk_ids, token_lora, enabled,
+                                   add_inputs=add_inputs, act=act, row_map=row_map,
+                                   slot_ranks=ranks is not None)
 
 
 def takes_layer(ctx, x: torch.Tensor) -> bool:

@@ -79,9 +79,12 @@ def warm_up_layer(ctx, top_k: int, mxfp4: bool = False) -> None:
     tuned = tuned_layer_configs(**shape)  # and the heuristic beyond the tuned batch sizes
     configs = tuned + [(m, get_layer_config(m, **shape))
                        for m in untuned_ms([m for m, _ in tuned], WARM_UP_MS)]
-    with compiling_on_purpose():
+    from kernels.vllm.cuda import live
+
+    with compiling_on_purpose():  # the variants serving launches: slot ranks where tracked
         warm_up(a13, ctx.w13_lora_b_stacked, ctx.w2_lora_a_stacked[0], ctx.w2_lora_b_stacked[0],
-                ctx.local_num_experts, top_k, configs, mxfp4=mxfp4)
+                ctx.local_num_experts, top_k, configs, mxfp4=mxfp4,
+                slot_ranks=live.tracking())
     _warmed.add(key)
     _done_contexts[ctx] = True
     if a13[0].is_cuda:

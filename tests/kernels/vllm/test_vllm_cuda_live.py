@@ -14,24 +14,37 @@ from kernels.vllm.cuda import live
 @pytest.fixture(autouse=True)
 def _fresh(monkeypatch):
     monkeypatch.setattr(live, "_live", {})
-    monkeypatch.setattr(live, "_masks", {})
+    monkeypatch.setattr(live, "_ranks", {})
     monkeypatch.setattr(live, "_step", {"slots": None})
 
 
+def stacks():
+    """First A stacks of a q/k/v, a router and an experts module as vLLM lays them out:
+    ``[L, 1, r, in]`` and ``[L, E, r, in]``, 4 slots, rank 32."""
+    return torch.zeros(4, 1, 32, 8), torch.zeros(4, 1, 32, 8), torch.zeros(4, 3, 32, 8)
+
+
 def manager_with(attn, router, experts):
-    """A stand-in LoRA manager: three modules (q/k/v, router, experts) and what each adapter
-    carries (adapter id -> module names)."""
+    """A stand-in LoRA manager: three modules (q/k/v, router, experts) and the LoRA weights
+    each adapter carries for them (adapter id -> module name -> weights, rank 8 or 16; the
+    q/k/v ones packed in vLLM's way, a list of per-projection ``A [r, in]``)."""
     modules = {"qkv": SimpleNamespace(lora_a_stacked=(attn, attn)),
                "router": SimpleNamespace(lora_a_stacked=(router,)),
                "experts": SimpleNamespace(w13_lora_a_stacked=(experts,), lora_a_stacked=[]),
                "norm": SimpleNamespace()}
-    carries = {7: {"qkv", "experts"}, 8: {"qkv"}, 9: set()}
+
+    def weights(rank, packed=False):
+        return SimpleNamespace(rank=rank, lora_a=[torch.zeros(rank, 8), None] if packed
+                               else torch.zeros(rank, 8))
+
+    carries = {7: {"qkv": weights(8, packed=True), "experts": weights(8)},
+               8: {"qkv": weights(16, packed=True)}, 9: {}}
     return SimpleNamespace(modules=modules, _get_lora_layer_weights=lambda lora, name: (
-        name in carries[lora.id]))
+        carries[lora.id].get(name)))
 
 
 def test_modules_without_weights_in_the_step_are_skipped():
-    attn, router, experts = torch.zeros(4), torch.zeros(4), torch.zeros(4)
+    attn, router, experts = stacks()
     mgr = manager_with(attn, router, experts)
     live.record_slot(mgr, 0, SimpleNamespace(id=7))  # attention + experts in slot 0
     live.record_slot(mgr, 1, SimpleNamespace(id=8))  # attention only in slot 1
@@ -42,11 +55,11 @@ def test_modules_without_weights_in_the_step_are_skipped():
     assert live.skippable(router) and not live.skippable(experts)
     live.record_slot(mgr, 0, SimpleNamespace(id=8))  # slot 0 reused by an attention-only one
     assert live.skippable(experts)
-    assert not live.skippable(torch.zeros(4))  # an untracked module is never skipped
+    assert not live.skippable(torch.zeros(4, 1, 32, 8))  # an untracked module: never skipped
 
 
 def test_all_tokens_covered_only_when_every_token_is_on_a_slot_with_weights():
-    attn, router, experts = torch.zeros(4), torch.zeros(4), torch.zeros(4)
+    attn, router, experts = stacks()
     mgr = manager_with(attn, router, experts)
     live.record_slot(mgr, 0, SimpleNamespace(id=7))  # attention + experts in slot 0
     live.record_slot(mgr, 1, SimpleNamespace(id=8))  # attention only in slot 1
@@ -55,7 +68,7 @@ def test_all_tokens_covered_only_when_every_token_is_on_a_slot_with_weights():
     assert live.covers_all_tokens(experts, 3) and live.covers_all_tokens(attn, 3)
     assert not live.covers_all_tokens(experts, 4)  # rows beyond the step's tokens (padding)
     assert not live.covers_all_tokens(router, 3)  # no slot has router weights
-    assert not live.covers_all_tokens(torch.zeros(4), 3)  # an untracked module
+    assert not live.covers_all_tokens(torch.zeros(4, 1, 32, 8), 3)  # an untracked module
     live.record_step((7, 0, 7), [7, 8, None])  # a token without adapter
     assert not live.covers_all_tokens(experts, 3)
     live.record_step((7, 8), [7, 8, None])  # slot 1's adapter has no expert weights
@@ -69,7 +82,7 @@ def test_wrapped_activation_and_the_punica_wrapper_record_slots_and_steps(monkey
     ``update_metadata`` prepares the step's mapping and records the step's slots."""
     from kernels.vllm.cuda import punica
 
-    attn, router, experts = torch.zeros(4), torch.zeros(4), torch.zeros(4)
+    attn, router, experts = stacks()
     mgr = manager_with(attn, router, experts)
     mgr.lora_index_to_id = [None, 7]
     mgr._registered_adapters = {7: SimpleNamespace(id=7)}
@@ -84,34 +97,47 @@ def test_wrapped_activation_and_the_punica_wrapper_record_slots_and_steps(monkey
     assert live.skippable(router) and not live.skippable(attn) and not live.skippable(experts)
 
 
-def test_dense_modules_get_a_device_mask_of_their_live_slots(monkeypatch):
-    """The mask the dense kernels read inside CUDA graphs follows the activations, in place
-    (same tensor, same address); MoE modules get none (vLLM flags their slots itself)."""
-    attn, router, experts = torch.zeros(4), torch.zeros(4, 2), torch.zeros(4)
+def test_modules_get_a_device_table_of_their_slots_ranks(monkeypatch):
+    """The table the kernels read (inside CUDA graphs too) follows the activations, in place
+    (same tensor, same address): per slot the rank of its adapter's weights for the module, 0
+    where it has none; for dense and MoE modules alike."""
+    attn, router, experts = stacks()
     mgr = manager_with(attn, router, experts)
     live.record_slot(mgr, 0, SimpleNamespace(id=7))
     live.record_slot(mgr, 2, SimpleNamespace(id=8))
-    assert live.slot_mask(attn) is None  # tracking not installed: no mask handed out
+    assert live.slot_ranks(attn) is None  # tracking not installed: no table handed out
     monkeypatch.setattr(live, "_tracking", [True])
-    qkv_mask, router_mask = live.slot_mask(attn), live.slot_mask(router)
-    assert qkv_mask.tolist() == [1, 0, 1, 0] and router_mask.tolist() == [0, 0, 0, 0]
-    assert qkv_mask.dtype == torch.int32 and live.slot_mask(experts) is None
-    live.record_slot(mgr, 0, SimpleNamespace(id=8))  # still attention
+    qkv, router_ranks, expert_ranks = (live.slot_ranks(t) for t in (attn, router, experts))
+    assert qkv.tolist() == [8, 0, 16, 0] and router_ranks.tolist() == [0, 0, 0, 0]
+    assert expert_ranks.tolist() == [8, 0, 0, 0] and qkv.dtype == torch.int32
+    live.record_slot(mgr, 0, SimpleNamespace(id=8))  # still attention, rank 16
     live.record_slot(mgr, 2, SimpleNamespace(id=9))  # an adapter with nothing here
-    assert live.slot_mask(attn) is qkv_mask and qkv_mask.tolist() == [1, 0, 0, 0]
+    assert live.slot_ranks(attn) is qkv and qkv.tolist() == [16, 0, 0, 0]
+    assert live.slot_ranks(experts) is expert_ranks and expert_ranks.tolist() == [0, 0, 0, 0]
+
+
+def test_a_rank_that_cannot_be_told_reads_the_whole_stack():
+    """Weights without an integer rank read the stack's whole rank; a packed part larger than
+    the weights' ``rank`` (vLLM packs q/k/v under the first part's rank) raises it; nothing
+    exceeds the stack's rank."""
+    packed = SimpleNamespace(rank=8, lora_a=[torch.zeros(8, 4), None, torch.zeros(24, 4)])
+    assert live.adapter_rank(packed, 32) == 24
+    assert live.adapter_rank(SimpleNamespace(rank=None, lora_a=None), 32) == 32
+    assert live.adapter_rank(SimpleNamespace(rank=64, lora_a=torch.zeros(64, 4)), 32) == 32
+    assert live.adapter_rank(SimpleNamespace(rank=16, lora_a=torch.zeros(16, 4)), 32) == 16
 
 
 
-def test_a_mask_made_during_warm_up_is_written_by_a_later_add_lora():
+def test_a_table_made_during_warm_up_is_written_by_a_later_add_lora():
     """vLLM activates its dummy adapters under ``torch.inference_mode`` (warm-up, graph capture)
-    and a served adapter outside it (``add_lora`` through the engine's RPC): the mask made in the
-    first must take the writes of the second, in place."""
-    attn, router, experts = torch.zeros(4), torch.zeros(4), torch.zeros(4)
+    and a served adapter outside it (``add_lora`` through the engine's RPC): the table made in
+    the first must take the writes of the second, in place."""
+    attn, router, experts = stacks()
     mgr = manager_with(attn, router, experts)
     with torch.inference_mode():
         live.record_slot(mgr, 0, SimpleNamespace(id=7))
-    mask = live._masks[attn.data_ptr()]
-    assert mask.is_inference()
+    ranks = live._ranks[attn.data_ptr()]
+    assert ranks.is_inference()
     live.record_slot(mgr, 1, SimpleNamespace(id=8))  # outside inference mode
     live.record_slot(mgr, 0, SimpleNamespace(id=9))
-    assert live._masks[attn.data_ptr()] is mask and mask.tolist() == [0, 1, 0, 0]
+    assert live._ranks[attn.data_ptr()] is ranks and ranks.tolist() == [0, 16, 0, 0]
