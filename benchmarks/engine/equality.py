@@ -104,6 +104,9 @@ def main() -> None:
                     help="std of the random LoRA weights (0.01: an adapter moves log-probs by "
                          "about as much as the base layers do)")
     ap.add_argument("--new-tokens", type=int, default=48)
+    ap.add_argument("--max-lora-rank", type=int, default=None,
+                    help="the engine's slot rank (default: --rank); above it, the kernels read "
+                         "each slot only up to its adapter's rank")
     args = ap.parse_args()
 
     in_process_engine_env()
@@ -118,7 +121,8 @@ def main() -> None:
     # for MXFP4, the unfused Triton experts: both sides on the same base GEMMs); the passes
     # switch it off and on (the stock passes run vLLM's own apply and LoRA ops).
     os.environ[SWITCH_ENV] = "1"
-    llm = lora_engine(model, args.adapters, args.rank, eager=True, max_model_len=2048)
+    llm = lora_engine(model, args.adapters, args.rank, eager=True, max_model_len=2048,
+                      max_lora_rank=args.max_lora_rank)
     prompts = random_prompts(args.prompts, args.prompt_len)
     loras = adapter_requests(paths, args.prompts)
     passes = {}
@@ -133,7 +137,8 @@ def main() -> None:
             "stock again vs stock": compare(passes["stock"], passes["stock again"]),
             "base (no adapter) vs stock": compare(passes["stock"], passes["base"])}
     print(f"\nGPT-OSS-20B shape, {'MXFP4' if args.mxfp4 else 'bf16'} experts, {args.adapters} "
-          f"adapters r{args.rank} (attention + experts), {args.prompts} prompts x "
+          f"adapters r{args.rank} (attention + experts; slots r{args.max_lora_rank or args.rank}), "
+          f"{args.prompts} prompts x "
           f"{args.prompt_len} tokens + {args.new_tokens} greedy")
     keys = list(next(iter(rows.values())))
     print("| comparison | " + " | ".join(keys) + " |")

@@ -156,16 +156,17 @@ def in_process_engine_env() -> None:
 
 
 def lora_engine(model_dir: str | Path, num_adapters: int, rank: int, *, eager: bool,
-                max_model_len: int, lora: bool = True):
+                max_model_len: int, lora: bool = True, max_lora_rank: int | None = None):
     """vLLM's offline ``LLM`` on the dummy model with LoRA on (``max_loras`` = adapters, LoRA on
     the modules loraplex serves it for as its engines do, no prefix caching, 8192 tokens per
     step; ``lora=False``: the same engine without LoRA, the baseline a served model without
-    adapters runs); call ``in_process_engine_env`` first."""
+    adapters runs; ``max_lora_rank``: the slots' rank, default the adapters' ``rank``); call
+    ``in_process_engine_env`` first."""
     from vllm import LLM
 
     from app.engine.lora_targets import SERVED_LORA_TARGETS
 
-    lora_args = dict(enable_lora=True, max_loras=num_adapters, max_lora_rank=rank,
+    lora_args = dict(enable_lora=True, max_loras=num_adapters, max_lora_rank=max_lora_rank or rank,
                      max_cpu_loras=num_adapters, lora_target_modules=list(SERVED_LORA_TARGETS)
                      ) if lora else dict(enable_lora=False)
     return LLM(model=str(model_dir), skip_tokenizer_init=True, enforce_eager=eager,
