@@ -86,7 +86,7 @@ async def one_engine(run: str, spec: dict, workload: Workload) -> dict:
     args = AsyncEngineArgs(model=spec["model"], skip_tokenizer_init=True, seed=0,
                            enable_prefix_caching=False, disable_log_stats=True,
                            enable_lora=lora, max_loras=len(spec["adapters"]),
-                           max_cpu_loras=len(spec["adapters"]), max_lora_rank=spec["rank"],
+                           max_cpu_loras=len(spec["adapters"]), max_lora_rank=spec["max_lora_rank"],
                            lora_target_modules=targets if lora else None,
                            **spec["engine"])
     steps: list = []  # one record per engine step (benchmarks.engine.step_timeline)
@@ -126,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-graph", type=int, default=64,
                     help="GPU models: largest batch (tokens) run as a CUDA graph; steps with "
                          "more tokens (prefill) run eagerly, their launches issued by the CPU")
+    ap.add_argument("--max-lora-rank", type=int, default=None,
+                    help="the LoRA runs' slot rank (default: the adapters' rank); above it, "
+                         "loraplex's kernels read each slot up to its adapter's rank")
     ap.add_argument("--workdir", default=None, help="default: a new temporary folder")
     ap.add_argument("--json", default=None)
     ap.add_argument("--child", nargs=3, metavar=("RUN", "SPEC", "OUT"), help=argparse.SUPPRESS)
@@ -142,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="loraplex-serving-"))
     workdir.mkdir(parents=True, exist_ok=True)
     spec = prepare(args.model, workdir, args.max_graph)
+    spec["max_lora_rank"] = args.max_lora_rank or spec["rank"]
     spec["workload"] = vars(Workload(conc=args.conc, in_len=args.in_len, out_len=args.out_len,
                                      burst_reps=args.burst_reps, per_worker=args.per_worker))
     spec_path = workdir / "spec.json"
@@ -164,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"run {run}: done in {results[-1]['engine_init_s']:.0f} s of engine start + phases",
               flush=True)
     print_table(results, f"{args.model}, {args.conc} concurrent, {args.in_len} in / "
-                         f"{args.out_len} out, {len(spec['adapters'])} adapters")
+                         f"{args.out_len} out, {len(spec['adapters'])} adapters r{spec['rank']} "
+                         f"in slots of rank {spec['max_lora_rank']}")
     if args.json:
         Path(args.json).write_text(json.dumps({"spec": spec, "results": results}, indent=1))
     return 0 if len(results) == len(runs) else 1
