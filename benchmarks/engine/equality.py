@@ -130,6 +130,10 @@ def main() -> None:
                              ("stock again", False, loras), ("base", False, None)):
         cuda.install() if ours else cuda.uninstall()
         assert _ours_active() == ours
+        # every pass loads its adapters afresh: switching forgets the slots loraplex tracked
+        # (each slot's adapter rank, which its kernels read up to), and activation records them
+        for lora_id in sorted(llm.llm_engine.list_loras()):
+            llm.llm_engine.remove_lora(lora_id)
         passes[name] = run_pass(llm, prompts, lora, args.new_tokens)
         print(f"pass {name}: {passes[name]['seconds']:.1f}s", flush=True)
 
