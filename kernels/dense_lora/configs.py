@@ -10,8 +10,8 @@ Tuned configs live in ``kernels/configs/dense_lora_<device>.json`` (written by
                                                       "num_warps": 4}, ...}}}
 
 The shape key names the input features, each slice's output features, the rank and the slot
-count. Lookup as for the MoE-LoRA configs: exact device and shape, the largest tuned M not above
-the batch's (the smallest when M is below all). A shape without tuned configs uses the heuristic
+count. Lookup as for the MoE-LoRA configs: exact device and shape (or the shape's nearest tuned
+rank), the largest tuned M not above the batch's (the smallest when M is below all). A shape without tuned configs uses the heuristic
 ``kernels.dense_lora.launch.dense_config``.
 """
 
@@ -28,8 +28,8 @@ from kernels.dense_lora.launch import (
 )
 from kernels.moe_lora.configs import (
     device_slug_of,
-    load_device_file,
     pick_bucket,
+    tuned_buckets,
     untuned_ms,
 )
 
@@ -50,7 +50,7 @@ def dump_dense_config(cfg: DenseLoRAConfig) -> dict:
 def _tuned(device_index: int | None, key: str) -> dict:
     if device_index is None:
         return {}
-    return load_device_file(PREFIX, device_slug_of(device_index)).get(key, {})
+    return tuned_buckets(PREFIX, device_slug_of(device_index), key)
 
 
 @functools.lru_cache(maxsize=4096)  # per layer call: a cache hit

@@ -17,16 +17,18 @@ large batches; absent: false), whether a naive layout runs each projection as on
      "expand13": {"block_n": 128, "num_warps": 4, "num_stages": 2},
      "shrink2": {...}, "expand2": {...}}
 
-Lookup: exact device and shape; the bucket is the largest tuned M not above the batch's M (the
-smallest one when M is below all), for batches up to ``TUNED_REACH`` times the largest tuned M.
-Anything else falls back to ``default_layer_config`` (the warm-ups compile its variants for the
-batch sizes past the tuned reach too).
+Lookup: exact device and shape (a shape tuned at other ranks only: its nearest tuned rank,
+``tuned_buckets``); the bucket is the largest tuned M not above the batch's M (the smallest one
+when M is below all), for batches up to ``TUNED_REACH`` times the largest tuned M. Anything else
+falls back to ``default_layer_config`` (the warm-ups compile its variants for the batch sizes
+past the tuned reach too).
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import math
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -130,6 +132,26 @@ def load_device_file(prefix: str, slug: str) -> dict:
     return json.loads(path.read_text()).get("shapes", {})
 
 
+_RANK_IN_KEY = re.compile(r"_r(\d+)_")
+
+
+@functools.lru_cache(maxsize=None)
+def tuned_buckets(prefix: str, slug: str, key: str) -> dict:
+    """The tuned M buckets of shape ``key`` in the device's ``<prefix>`` file; for a shape tuned
+    only at other ranks, those of its nearest tuned rank (the lower of two as near). Tiles follow
+    the input and output widths and M; the rank only sizes a tile's rank axis, and the ops read
+    each slot up to its adapter's rank, so an engine whose ``max_lora_rank`` (64) is above the
+    adapters' (32) runs best on the tiles tuned at theirs, not on the untuned heuristic."""
+    shapes = load_device_file(prefix, slug)
+    if key in shapes or _RANK_IN_KEY.search(key) is None:
+        return shapes.get(key, {})
+    rank = int(_RANK_IN_KEY.search(key).group(1))
+    near = sorted((abs(math.log2(r / rank)), r, other) for other in shapes
+                  if _RANK_IN_KEY.sub("_r_", other) == _RANK_IN_KEY.sub("_r_", key)
+                  for r in [int(_RANK_IN_KEY.search(other).group(1))])
+    return shapes[near[0][2]] if near else {}
+
+
 # A batch above a shape's largest tuned bucket takes that bucket's config up to this many times
 # its M; larger batches get the heuristic (a file tuned for decode sizes only says nothing
 # about prefill: a 16-token config at 8192 tokens would run a 16-row block layout).
@@ -162,7 +184,7 @@ def untuned_ms(tuned_ms, heuristic_ms) -> list[int]:
 
 @functools.lru_cache(maxsize=4096)
 def _lookup(slug: str, key: str, num_tokens: int) -> dict | None:
-    raw = pick_bucket(load_device_file("moe_lora", slug).get(key), num_tokens)
+    raw = pick_bucket(tuned_buckets("moe_lora", slug, key), num_tokens)
     return None if raw is None else parse_layer_config(raw)
 
 
@@ -192,8 +214,8 @@ def tuned_layer_configs(*, hidden: int, intermediate: int, num_experts: int, top
     if dev is None or dev.type != "cuda":
         return []
     index = dev.index if dev.index is not None else torch.cuda.current_device()
-    buckets = load_device_file("moe_lora", device_slug_of(index)).get(
-        shape_key(hidden, intermediate, num_experts, top_k, rank, num_slots), {})
+    buckets = tuned_buckets("moe_lora", device_slug_of(index),
+                            shape_key(hidden, intermediate, num_experts, top_k, rank, num_slots))
     return [(int(m), parse_layer_config(raw)) for m, raw in sorted(buckets.items(),
                                                                    key=lambda kv: int(kv[0]))]
 

@@ -55,7 +55,8 @@ def device_file(tmp_path, monkeypatch):
     """A config directory holding ``dense_lora_TEST_GPU.json``; device index 0 is that GPU."""
     monkeypatch.setattr(triton_moe_lora_configs, "CONFIG_DIR", tmp_path)
     monkeypatch.setattr(dense_lora_configs, "device_slug_of", lambda index: "TEST_GPU")
-    for fn in (triton_moe_lora_configs.load_device_file, layer_dense_config):
+    for fn in (triton_moe_lora_configs.load_device_file, triton_moe_lora_configs.tuned_buckets,
+               layer_dense_config):
         fn.cache_clear()
     tuned = {16: DenseLoRAConfig(16, 128, 8, 128, 4), 1024: DenseLoRAConfig(64, 64, 2, 256, 8)}
     data = triton_moe_lora_configs.open_config_file(tmp_path / "dense_lora_TEST_GPU.json",
@@ -64,7 +65,8 @@ def device_file(tmp_path, monkeypatch):
                                              for m, c in tuned.items()}
     triton_moe_lora_configs.save_config_file(tmp_path / "dense_lora_TEST_GPU.json", data)
     yield tuned
-    for fn in (triton_moe_lora_configs.load_device_file, layer_dense_config):
+    for fn in (triton_moe_lora_configs.load_device_file, triton_moe_lora_configs.tuned_buckets,
+               layer_dense_config):
         fn.cache_clear()
 
 
@@ -88,6 +90,42 @@ def test_heuristic_batch_sizes_to_warm_up_past_the_tuned_reach():
     assert untuned_ms([], heuristic) == list(heuristic)  # nothing tuned: every bucket
     assert TUNED_REACH == 2 and untuned_ms([1, 4, 16], heuristic) == [33, 64, 256, 1024, 4096]
     assert untuned_ms([1, 8192], heuristic) == []  # tuned beyond the heuristic's last bucket
+
+
+def test_a_rank_without_tuned_tiles_takes_the_nearest_tuned_rank_of_its_shape(device_file):
+    """An engine whose slots are of another rank than the tuned one (``max_lora_rank`` 64 over
+    rank-32 adapters) runs the shape's tuned tiles, and its warm-up compiles those."""
+    in_features, out_features, rank, slots = QKV
+    for other in (rank * 2, rank // 2, 512):
+        assert layer_dense_config(16, in_features, out_features, other, slots, 0) \
+            == device_file[16]
+        assert [m for m, _ in warm_up_configs(in_features, out_features, other, slots, 0)] \
+            == [16, 1024, 2049, 4097]
+    # other slot counts or widths are other shapes: the heuristic
+    assert layer_dense_config(16, in_features, out_features, rank, slots * 2, 0) \
+        == dense_config(16, in_features, len(out_features))
+
+
+def test_moe_nearest_tuned_rank_prefers_the_lower_of_two_as_near(tmp_path, monkeypatch):
+    from kernels.moe_lora.configs import shape_key, tuned_buckets
+
+    monkeypatch.setattr(triton_moe_lora_configs, "CONFIG_DIR", tmp_path)
+    data = triton_moe_lora_configs.open_config_file(tmp_path / "moe_lora_TEST_GPU.json", "T")
+    for rank in (16, 64):
+        data["shapes"][shape_key(2880, 2880, 32, 4, rank, 8)] = {"16": {"tag": rank}}
+    triton_moe_lora_configs.save_config_file(tmp_path / "moe_lora_TEST_GPU.json", data)
+    for fn in (triton_moe_lora_configs.load_device_file, tuned_buckets):
+        fn.cache_clear()
+    try:
+        def tag(rank, slots=8):
+            return tuned_buckets("moe_lora", "TEST_GPU",
+                                 shape_key(2880, 2880, 32, 4, rank, slots)).get("16", {}).get("tag")
+
+        assert [tag(r) for r in (8, 16, 32, 48, 64, 256)] == [16, 16, 16, 64, 64, 64]
+        assert tag(32, slots=16) is None  # another slot count: not the same shape
+    finally:
+        for fn in (triton_moe_lora_configs.load_device_file, tuned_buckets):
+            fn.cache_clear()
 
 
 def test_untuned_shape_or_device_uses_the_heuristic(device_file):
@@ -123,6 +161,7 @@ def test_moe_lookup_falls_back_to_the_heuristic_past_the_tuned_reach(tmp_path, m
 
     monkeypatch.setattr(triton_moe_lora_configs, "CONFIG_DIR", tmp_path)
     triton_moe_lora_configs.load_device_file.cache_clear()
+    triton_moe_lora_configs.tuned_buckets.cache_clear()
     triton_moe_lora_configs._lookup.cache_clear()
     key = shape_key(2048, 768, 128, 8, 32, 8)
     tuned = default_layer_config(16, 8, 128, 8)
@@ -136,4 +175,5 @@ def test_moe_lookup_falls_back_to_the_heuristic_past_the_tuned_reach(tmp_path, m
         assert triton_moe_lora_configs._lookup("TEST_GPU", key, 8192) is None
     finally:
         triton_moe_lora_configs.load_device_file.cache_clear()
+        triton_moe_lora_configs.tuned_buckets.cache_clear()
         triton_moe_lora_configs._lookup.cache_clear()

@@ -37,3 +37,18 @@ def test_gpt_oss_20b_finds_its_tuned_tiles_at_every_decode_bucket():
     dense = moe_configs.load_device_file("dense_lora", "NVIDIA_H200")
     for in_features, out_features in (s.qkv, s.o):
         assert dense_shape_key(in_features, out_features, RANK, SLOTS) in dense
+
+
+def test_deploy_h200s_slot_rank_finds_the_rank_32_tiles():
+    """deploy/h200.yaml's engine has slots of rank 64 for adapters of rank 32 (and 16/64): its
+    MoE and dense LoRA ops run the tiles tuned at rank 32, not the untuned heuristic."""
+    s = GPT_OSS_20B
+    at = {rank: moe_configs.shape_key(s.hidden, s.intermediate, s.num_experts, s.top_k, rank,
+                                      SLOTS) for rank in (RANK, 64)}
+    for m in (1, 16, 64, 256):
+        assert moe_configs._lookup("NVIDIA_H200", at[64], m) \
+            == moe_configs._lookup("NVIDIA_H200", at[RANK], m) is not None
+    for in_features, out_features in (s.qkv, s.o):
+        assert moe_configs.tuned_buckets("dense_lora", "NVIDIA_H200", dense_shape_key(
+            in_features, out_features, 64, SLOTS)) == moe_configs.tuned_buckets(
+            "dense_lora", "NVIDIA_H200", dense_shape_key(in_features, out_features, RANK, SLOTS))
