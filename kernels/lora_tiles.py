@@ -38,15 +38,35 @@ def split_k_sum(p_ptrs, row_ok, split_k, stride_ps, USE_PDL: tl.constexpr):
     return inter
 
 
+RANK_GRAIN = 16  # slot ranks are read in whole runs of this many (``rank_limit``)
+
+
+@triton.jit
+def rank_limit(rank, adapter_rank):
+    """How many A rows / B columns of a slot to read: its adapter's rank rounded up to a whole
+    ``RANK_GRAIN`` (vLLM zeroes a slot's stack past its adapter's rank, so the rounding reads
+    zeros only), at most the stack's ``rank`` (a multiple of the grain). The mask against it is
+    then constant over runs of 16 along the rank axis, so loads along that axis (B's rows) stay
+    vectorised."""
+    return tl.multiple_of(tl.minimum(rank, (adapter_rank + 15) // 16 * 16), 16)
+
+
 @triton.jit
 def slot_rank(rank, ranks_ptr, slot, SLOT_RANKS: tl.constexpr):
     """How many of slot ``slot``'s A rows / B columns a program reads: the stack's ``rank``, or
-    with SLOT_RANKS the smaller of it and ``ranks_ptr[slot]``, the rank of the slot's adapter
-    (vLLM zeroes a slot's stack past its adapter's rank, so the rest holds nothing to read)."""
+    with SLOT_RANKS ``rank_limit`` of ``ranks_ptr[slot]``, the rank of the slot's adapter
+    (launches set SLOT_RANKS only for a stack rank that is a multiple of ``RANK_GRAIN``)."""
     r = rank
     if SLOT_RANKS:
-        r = tl.minimum(rank, tl.load(ranks_ptr + slot))
+        r = rank_limit(rank, tl.load(ranks_ptr + slot))
     return r
+
+
+def reads_slot_ranks(slot_ranks: bool, rank: int) -> bool:
+    """Whether a launch reads per-slot ranks (``slot_rank``'s SLOT_RANKS): asked for, and a stack
+    rank that is a whole number of ``RANK_GRAIN`` runs (vLLM's 1 and 8 are not: those stacks
+    are read whole)."""
+    return slot_ranks and rank % RANK_GRAIN == 0
 
 
 @triton.jit

@@ -18,8 +18,9 @@ at once. Then
 Layouts (vLLM's dense LoRA stacks): ``A [L, 1, r, in]`` and ``B [L, 1, N_slice, r]`` per slice,
 slice ``i`` writing columns ``[sum(N_<i), sum(N_<=i))`` of ``y [M, >= sum(N)]``. Grids depend
 only on M (CUDA-graph safe); M-dependent integers are not specialised on. With ``slot_live [L]``
-(HAS_LIVE) each slot's entry is its adapter's rank for the layer: 0 skips the slot, otherwise A
-rows and B columns are read up to it (the stack is zero past it).
+(HAS_LIVE) each slot's entry is its adapter's rank for the layer: 0 skips the slot, otherwise
+(LIVE_RANKS: the stack's rank a whole number of 16s) A rows and B columns are read up to it,
+rounded up to 16 (``kernels.lora_tiles.rank_limit``; the stack is zero past it).
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def _dense_lora_shrink_kernel(
     stride_xm, stride_al, stride_ar, stride_ps, stride_pm,
     BM: tl.constexpr, RP: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
     EVEN_R: tl.constexpr, NUM_SLICES: tl.constexpr, HAS_SCALE: tl.constexpr, G_P2: tl.constexpr,
-    HAS_LIVE: tl.constexpr, USE_PDL: tl.constexpr,
+    HAS_LIVE: tl.constexpr, USE_PDL: tl.constexpr, LIVE_RANKS: tl.constexpr,
 ):
     pid_b = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -92,7 +93,7 @@ def _dense_lora_shrink_kernel(
             a_base = a2_ptr
     a_base += slot.to(tl.int64) * stride_al
     offs_r = tl.arange(0, RP)
-    r_lim = slot_rank(rank, slot_live_ptr, slot, HAS_LIVE)
+    r_lim = slot_rank(rank, slot_live_ptr, slot, LIVE_RANKS)
     acc = shrink_tile(x_ptr, a_base, rows.to(tl.int64), row_ok, pid_s * k_per_split,
                       k_per_split, in_features, r_lim, stride_xm, stride_ar, BM, RP, BLOCK_K,
                       EVEN_K, EVEN_R)
@@ -111,7 +112,7 @@ def _dense_lora_expand_kernel(
     stride_ym, stride_bl0, stride_bl1, stride_bl2, stride_bn, stride_ps, stride_pm,
     BM: tl.constexpr, RP: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr,
     EVEN_R: tl.constexpr, NUM_SLICES: tl.constexpr, ADD_INPUTS: tl.constexpr, G_P2: tl.constexpr,
-    HAS_LIVE: tl.constexpr, USE_PDL: tl.constexpr,
+    HAS_LIVE: tl.constexpr, USE_PDL: tl.constexpr, LIVE_RANKS: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_b = tl.program_id(1)
@@ -146,7 +147,7 @@ def _dense_lora_expand_kernel(
     if EVEN_N and EVEN_R:
         bt = tl.load(b_ptrs)
     else:
-        r_lim = slot_rank(rank, slot_live_ptr, slot, HAS_LIVE)
+        r_lim = slot_rank(rank, slot_live_ptr, slot, LIVE_RANKS)
         bt = tl.load(b_ptrs, mask=(offs_r[:, None] < r_lim) & n_ok[None, :], other=0.0)
     y_ptrs = y_ptr + rows.to(tl.int64)[:, None] * stride_ym + (col0 + offs_n)[None, :]
     if EVEN_N:

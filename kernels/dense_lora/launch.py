@@ -25,7 +25,7 @@ from kernels.launch.cached import (
     next_pow2,
     raw_stream,
 )
-from kernels.lora_tiles import rank_pad, split_k_plan
+from kernels.lora_tiles import rank_pad, reads_slot_ranks, split_k_plan
 
 MAX_SLICES = 3
 
@@ -125,6 +125,7 @@ def shrink_with_plan(x, lora_a, groups, cfg, scale, use_pdl, slot_live
         return part, plan
     rank, in_features = a[0].shape[-2], a[0].shape[-1]
     rp = rank_pad(rank)
+    ranked = reads_slot_ranks(slot_live is not None, rank)
     block_k, split_k, k_per_split, even_k = split_k_plan(in_features, cfg.block_k, cfg.split_k)
     part = torch.empty((split_k, mp, num_slices * rp), dtype=torch.float32, device=x.device)
     if m == 0:
@@ -138,8 +139,9 @@ def shrink_with_plan(x, lora_a, groups, cfg, scale, use_pdl, slot_live
          in_features, rank, k_per_split, float(scale),
          x.stride(0), a[0].stride(0), a[0].stride(1), part.stride(0), part.stride(1)),
         dict(BM=cfg.block_m, RP=rp, BLOCK_K=block_k, EVEN_K=even_k,
-             EVEN_R=rank == rp and slot_live is None, NUM_SLICES=num_slices, HAS_SCALE=scale != 1.0, G_P2=next_pow2(g.num_groups),
-             HAS_LIVE=slot_live is not None, USE_PDL=use_pdl,
+             EVEN_R=rank == rp and not ranked, NUM_SLICES=num_slices, HAS_SCALE=scale != 1.0,
+             G_P2=next_pow2(g.num_groups), HAS_LIVE=slot_live is not None, USE_PDL=use_pdl,
+             LIVE_RANKS=ranked,
              num_warps=cfg.num_warps, num_stages=2, launch_pdl=use_pdl),
         lead=_LEAD, extra=tuple(part.shape))
     return part, plan
@@ -181,6 +183,7 @@ def expand_with_plan(y, part, lora_b, groups, cfg, add_inputs, use_pdl, slot_liv
     ns = [t.shape[-2] for t in b] + [0] * (MAX_SLICES - num_slices)
     rank = b[0].shape[-1]
     rp = rank_pad(rank)
+    ranked = reads_slot_ranks(slot_live is not None, rank)
     assert y.stride(-1) == 1 and all(t.stride(-1) == 1 for t in b)
     assert all(t.stride(-2) == b[0].stride(-2) for t in b), "slices must share row strides"
     bl = [t.stride(0) for t in b] + [0] * (MAX_SLICES - num_slices)
@@ -193,8 +196,8 @@ def expand_with_plan(y, part, lora_b, groups, cfg, add_inputs, use_pdl, slot_liv
          y.stride(0), bl[0], bl[1], bl[2], b[0].stride(1), part.stride(0), part.stride(1)),
         dict(BM=cfg.block_m, RP=rp, BLOCK_N=block_n,
              EVEN_N=all(n % block_n == 0 for n in ns[:num_slices]),
-             EVEN_R=rank == rp and slot_live is None,
+             EVEN_R=rank == rp and not ranked,
              NUM_SLICES=num_slices, ADD_INPUTS=add_inputs, G_P2=next_pow2(g.num_groups),
-             HAS_LIVE=slot_live is not None, USE_PDL=use_pdl,
+             HAS_LIVE=slot_live is not None, USE_PDL=use_pdl, LIVE_RANKS=ranked,
              num_warps=cfg.num_warps, num_stages=1, launch_pdl=use_pdl),
         lead=_LEAD)

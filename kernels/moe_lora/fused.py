@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from kernels.launch.cached import CachedLauncher, cdiv, next_pow2
-from kernels.lora_tiles import as_slices, rank_pad, row_map_arg
+from kernels.lora_tiles import as_slices, rank_limit, rank_pad, reads_slot_ranks, row_map_arg
 from kernels.moe_lora.align import MoELoRABlocks
 
 
@@ -54,7 +54,7 @@ def _moe_lora_fused_kernel(
     offs_r = tl.arange(0, RP)
     r_lim = rank
     if SLOT_RANKS:  # ``enabled`` holds the slot's adapter rank (``MoELoRABlocks.slot_ranks``)
-        r_lim = tl.minimum(rank, enabled)
+        r_lim = rank_limit(rank, enabled)
     r_ok = offs_r < r_lim
     x_row = row
     if X_MAP:
@@ -144,6 +144,7 @@ def moe_lora_fused(
         NUM_SLICES=num_slices, HAS_SCALE=scaling is not None,
         MUL_ROUTED_WEIGHT=topk_weights is not None, ADD_INPUTS=add_inputs,
         X_MAP=row_map is not None and map_rows_of == "x",
-        Y_MAP=row_map is not None and map_rows_of == "y", SLOT_RANKS=blocks.slot_ranks,
+        Y_MAP=row_map is not None and map_rows_of == "y",
+        SLOT_RANKS=reads_slot_ranks(blocks.slot_ranks, rank),
         num_warps=num_warps,
     )

@@ -22,7 +22,7 @@ from kernels.launch.cached import (
     next_pow2,
     raw_stream,
 )
-from kernels.lora_tiles import as_slices, rank_pad, row_map_arg, split_k_plan
+from kernels.lora_tiles import as_slices, rank_pad, reads_slot_ranks, row_map_arg, split_k_plan
 from kernels.moe_lora.align import MoELoRABlocks
 from kernels.moe_lora.configs import OpConfig
 from kernels.moe_lora.kernels import _moe_lora_expand_kernel, _moe_lora_shrink_kernel
@@ -83,6 +83,7 @@ def shrink_with_plan(x, lora_a, blocks, x_row_div, cfg, use_pdl=False, out=None,
         return part, plan
     rank, in_features = a[0].shape[-2], a[0].shape[-1]
     rp = rank_pad(rank)
+    ranked = reads_slot_ranks(bl.slot_ranks, rank)
     block_k, split_k, k_per_split, even_k = split_k_plan(in_features, cfg.block_k, cfg.split_k)
     assert x.stride(-1) == 1 and all(t.stride(-1) == 1 for t in a)
     assert all(t.shape == a[0].shape and t.stride() == a[0].stride() for t in a)
@@ -94,8 +95,8 @@ def shrink_with_plan(x, lora_a, blocks, x_row_div, cfg, use_pdl=False, out=None,
          x.stride(0), a[0].stride(0), a[0].stride(1), a[0].stride(2),
          part.stride(0), part.stride(1)),
         dict(BM=bl.block_m, RP=rp, BLOCK_K=block_k, EVEN_K=even_k,
-             EVEN_R=rank == rp and not bl.slot_ranks, NUM_SLICES=num_slices, NAIVE=bl.naive,
-             USE_PDL=use_pdl, ROW_MAP=row_map is not None, SLOT_RANKS=bl.slot_ranks,
+             EVEN_R=rank == rp and not ranked, NUM_SLICES=num_slices, NAIVE=bl.naive,
+             USE_PDL=use_pdl, ROW_MAP=row_map is not None, SLOT_RANKS=ranked,
              num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=use_pdl),
         lead=5 + len(blocks_args), extra=shape)
     return part, plan
@@ -170,6 +171,7 @@ def expand_with_plan(y, part, lora_b, blocks, cfg, scaling=None, topk_weights=No
         return plan
     out_features, rank = b[0].shape[-2], b[0].shape[-1]
     rp = rank_pad(rank)
+    ranked = reads_slot_ranks(bl.slot_ranks, rank)
     assert y.stride(-1) == 1 and ac.stride(-1) == 1 and all(t.stride(-1) == 1 for t in b)
     assert all(t.shape == b[0].shape and t.stride() == b[0].stride() for t in b)
     assert y.shape[-1] >= num_slices * out_features, (y.shape, num_slices, out_features)
@@ -183,10 +185,10 @@ def expand_with_plan(y, part, lora_b, blocks, cfg, scaling=None, topk_weights=No
          y.stride(0), ac.stride(0), b[0].stride(0), b[0].stride(1), b[0].stride(2),
          part.stride(0), part.stride(1), float(swiglu[0]), float(swiglu[1])),
         dict(BM=bl.block_m, RP=rp, BLOCK_N=block_n,
-             EVEN_N=out_features % block_n == 0, EVEN_R=rank == rp and not bl.slot_ranks,
+             EVEN_N=out_features % block_n == 0, EVEN_R=rank == rp and not ranked,
              NUM_SLICES=num_slices,
              HAS_SCALE=scaling is not None, MUL_ROUTED_WEIGHT=topk_weights is not None,
              ADD_INPUTS=add_inputs, NAIVE=bl.naive, USE_PDL=use_pdl, SWIGLU=act is not None,
-             ROW_MAP=row_map is not None, SLOT_RANKS=bl.slot_ranks, num_warps=cfg.num_warps,
+             ROW_MAP=row_map is not None, SLOT_RANKS=ranked, num_warps=cfg.num_warps,
              num_stages=cfg.num_stages, launch_pdl=use_pdl),
         lead=8 + len(blocks_args))

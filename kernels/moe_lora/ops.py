@@ -23,7 +23,8 @@ class MoELoRAOps:
     """The four ops of one MoE layer for one batch, sharing one block layout.
 
     ``topk_ids [M, K]``, ``token_lora [>=M]`` (-1: no adapter), ``enabled [L]`` (expert LoRA per
-    slot; with ``slot_ranks`` the rank of each slot's adapter: ``MoELoRABlocks``). The config comes from ``kernels/configs`` for this device and shape (or defaults).
+    slot; with ``slot_ranks`` the rank of each slot's adapter: ``MoELoRABlocks``). The config
+    comes from ``kernels/configs`` for this device and shape (or defaults).
     """
 
     def __init__(

@@ -135,13 +135,16 @@ def test_slots_marked_not_live_are_skipped(m):
 
 
 def past_slot_ranks(stacks, ranks, fill, rank_dim):
-    """Copies of vLLM-style stacks ``[L, ..]`` with every slot's entries past its adapter's rank
-    (``ranks [L]``) along ``rank_dim`` set to ``fill``."""
+    """Copies of vLLM-style stacks ``[L, ..]``: every slot zero past its adapter's rank
+    (``ranks [L]``) along ``rank_dim``, as vLLM holds them, and ``fill`` past that rank rounded
+    up to 16 (what the kernels read of a slot: ``kernels.lora_tiles.rank_limit``)."""
     out = []
     for t in stacks:
         t = t.clone()
         for s, r in enumerate(ranks):
-            t[s].narrow(rank_dim - 1, r, t.shape[rank_dim] - r).fill_(fill)
+            read = min(-(-r // 16) * 16, t.shape[rank_dim])
+            t[s].narrow(rank_dim - 1, r, t.shape[rank_dim] - r).zero_()
+            t[s].narrow(rank_dim - 1, read, t.shape[rank_dim] - read).fill_(fill)
         out.append(t)
     return out
 
@@ -151,8 +154,8 @@ def test_slot_ranks_read_nothing_past_each_adapters_rank(m):
     """``slot_live`` holding each slot's adapter rank (vLLM zeroes a stack past it): the ops
     read A rows and B columns only up to it, so NaN there does not reach the output, and the
     result equals the zero-padded stacks' (what vLLM holds); without the ranks the NaN is read."""
-    k, ns, slots, rank = 40, (24, 8, 8), 3, 32
-    ranks = [8, 32, 16]
+    k, ns, slots, rank = 40, (24, 8, 8), 3, 64
+    ranks = [8, 64, 20]
     y, x, a, b, lora = problem(m, k, ns, slots, rank, torch.float32, seed=40 + m)
     lora[:3] = torch.tensor([0, 1, 2], dtype=torch.int32)
     groups = group_tokens(lora, slots + 1)

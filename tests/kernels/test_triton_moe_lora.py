@@ -112,19 +112,23 @@ def test_slot_ranks_read_nothing_past_each_adapters_rank(cfg):
     output, which equals the zero-padded stacks' reference; without the ranks it is read."""
     import dataclasses
 
-    t, h, i, e, k, n_slots, r = 9, 40, 24, 5, 2, 3, 32
-    ranks = torch.tensor([8, 32, 16])
+    t, h, i, e, k, n_slots, r = 9, 40, 24, 5, 2, 3, 64
+    ranks = torch.tensor([8, 64, 20])
     p = random_moe_lora_problem(t, h, i, e, k, n_slots, r, dtype=torch.float32, device=DEV,
                                 no_adapter_fraction=0.2, seed=17)
     p["token_lora"][:3] = torch.tensor([0, 1, 2])
 
     def past_ranks(fill):
+        """Zero past each slot's rank (as vLLM holds it), ``fill`` past that rank rounded up to
+        16 (what the kernels read: ``kernels.lora_tiles.rank_limit``)."""
         lora = p["lora"]
         out = {}
         for name, dim in (("w13_a", 2), ("w13_b", 3), ("w2_a", 2), ("w2_b", 3)):
             w = getattr(lora, name).clone()
             for s, rs in enumerate(ranks.tolist()):
-                w[s].narrow(dim - 1, rs, r - rs).fill_(fill)
+                read = min(-(-rs // 16) * 16, r)
+                w[s].narrow(dim - 1, rs, r - rs).zero_()
+                w[s].narrow(dim - 1, read, r - read).fill_(fill)
             out[name] = w
         return dataclasses.replace(lora, **out)
 
