@@ -3,7 +3,10 @@
 # file with GPU tests, then the MoE-LoRA and dense LoRA kernel benchmarks, logs into OUT_DIR;
 # `engine`: the engine serving benchmark, bf16 then MXFP4 (no LoRA vs loraplex, the settings of
 # benchmarks/RESULTS.md's engine sections; ~10 min: a command of its own).
-#   bash scripts/gpu_checks.sh OUT_DIR [tests|bench|all|engine] [MODELS (engine: default 'gptoss gptoss-mxfp4')]
+# `ranks`: adapters of rank 32 (16 for the equality) in slots of rank 64, as deploy/h200.yaml runs
+# them: the slot-rank kernel benchmark, equality with stock vLLM, the engine serving benchmark on
+# MXFP4 (~9 min: a command of its own).
+#   bash scripts/gpu_checks.sh OUT_DIR [tests|bench|all|engine|ranks] [MODELS (engine: default 'gptoss gptoss-mxfp4')]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?OUT_DIR}
@@ -19,6 +22,18 @@ python3 -c "import vllm, torch, triton, sys; print('vllm', vllm.__version__, 'to
 python3 scripts/register_entry_points.py --target /tmp/site \
     --entry-point vllm.general_plugins:loraplex_balanced_dummy=benchmarks.engine.gpt_oss_dummy:register
 status=0
+if [ "$WHAT" = ranks ]; then
+  python3 -m benchmarks.kernels.slot_ranks --ms 1,4,16,64,256 --layers 16 --json "$OUT/slot_ranks.json" \
+      2>&1 | tee "$OUT/slot_ranks.log" | tail -9
+  status=${PIPESTATUS[0]}
+  python3 -m benchmarks.engine.equality --mxfp4 --rank 16 --max-lora-rank 64 \
+      --json "$OUT/equality_r16_slots_r64.json" 2>&1 | tee "$OUT/equality_r16_slots_r64.log" | tail -7
+  status=$(( status || PIPESTATUS[0] ))
+  python3 -m benchmarks.engine.serving --model gptoss-mxfp4 --runs base,loraplex --max-graph 64 \
+      --burst-reps 2 --per-worker 2 --max-lora-rank 64 --json "$OUT/engine_serving_slots_r64.json" \
+      2>&1 | tee "$OUT/engine_serving_slots_r64.log" | tail -12
+  exit $(( status || PIPESTATUS[0] ))
+fi
 if [ "$WHAT" = engine ]; then
   for model in $MODELS; do
     python3 -m benchmarks.engine.serving --model "$model" --runs base,loraplex --max-graph 64 --burst-reps 2 \
