@@ -12,8 +12,9 @@ per-step metadata vLLM prepares outside CUDA graphs (tokens grouped by slot in
 (``kernels.vllm.cuda.punica``) calls ``add_lora_linear`` here for the calls ``supported`` takes.
 
 Modules that no adapter of the step targets are skipped in steps without CUDA graphs; inside
-graphs their programs exit at once, reading a per-module slot mask (``kernels.vllm.cuda.live``).
-Neither when the op overwrites (``add_inputs=False``): those rows must still be written.
+graphs their programs exit at once, reading the module's per-slot rank table
+(``kernels.vllm.cuda.live``), which also bounds the A rows / B columns read to each adapter's
+rank. Neither when the op overwrites (``add_inputs=False``): those rows must still be written.
 
 Per layer shape the first call (vLLM's profile run, before graph capture and serving) compiles
 every variant the batch-size buckets can launch (tiles tuned per device in
