@@ -77,22 +77,31 @@ def record_slot(manager, index: int, lora_model) -> None:
             live.add(index)
         else:
             live.discard(index)
-        _write_rank(key, first, index, adapter_rank(weights, first.shape[-2]) if weights else 0)
+        experts = first.shape[1] if first.dim() == 4 else 1  # [L, E or 1, r, in]
+        rank = adapter_rank(weights, first.shape[-2], experts) if weights else 0
+        _write_rank(key, first, index, rank)
 
 
-def adapter_rank(weights, stack_rank: int) -> int:
-    """The rank a slot's stack holds for a module's LoRA weights (vLLM's ``LoRALayerWeights``:
-    ``rank``, and for packed ones the largest of their parts' ``A [.., r, in]``), at most the
-    stack's: the kernels read that many A rows and B columns, so a value that cannot be told
-    is the stack's whole rank (never less than the weights')."""
+def adapter_rank(weights, stack_rank: int, num_experts: int = 1) -> int:
+    """The rank a slot's stack holds for a module's LoRA weights (vLLM's ``LoRALayerWeights``,
+    packed or not), at most the stack's: the kernels read that many A rows and B columns, so it
+    may never be less than what vLLM copies into the slot. The largest of the weights' ``rank``
+    (the adapter config's) and the rows of every ``A`` part as vLLM lays them out — ``[r, in]``,
+    ``[E, r, in]``, or the fused experts' ``[E*r, in]`` (``num_experts`` E: the stack's second
+    dimension, 1 for dense modules); a part of any other shape reads the stack's whole rank."""
     rank = getattr(weights, "rank", None)
-    if not isinstance(rank, int) or rank <= 0:
-        return stack_rank
-    parts = weights.lora_a if isinstance(weights.lora_a, (list, tuple)) else ()
+    ranks = [rank] if isinstance(rank, int) and rank > 0 else []
+    parts = weights.lora_a if isinstance(weights.lora_a, (list, tuple)) else [weights.lora_a]
     for a in parts:
-        if isinstance(a, torch.Tensor) and a.dim() >= 2:
-            rank = max(rank, a.shape[-2])
-    return min(rank, stack_rank)
+        if not isinstance(a, torch.Tensor):
+            continue
+        if a.dim() == 3:
+            ranks.append(a.shape[-2])
+        elif a.dim() == 2 and a.shape[0] % num_experts == 0:
+            ranks.append(a.shape[0] // num_experts)
+        else:
+            return stack_rank
+    return min(max(ranks), stack_rank) if ranks else stack_rank
 
 
 def _write_rank(key: int, first: torch.Tensor, index: int, rank: int) -> None:

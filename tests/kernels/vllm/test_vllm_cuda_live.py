@@ -27,7 +27,8 @@ def stacks():
 def manager_with(attn, router, experts):
     """A stand-in LoRA manager: three modules (q/k/v, router, experts) and the LoRA weights
     each adapter carries for them (adapter id -> module name -> weights, rank 8 or 16; the
-    q/k/v ones packed in vLLM's way, a list of per-projection ``A [r, in]``)."""
+    q/k/v ones packed in vLLM's way, a list of per-projection ``A [r, in]``; the experts'
+    ``A [E, r, in]``)."""
     modules = {"qkv": SimpleNamespace(lora_a_stacked=(attn, attn)),
                "router": SimpleNamespace(lora_a_stacked=(router,)),
                "experts": SimpleNamespace(w13_lora_a_stacked=(experts,), lora_a_stacked=[]),
@@ -35,7 +36,7 @@ def manager_with(attn, router, experts):
 
     def weights(rank, packed=False):
         return SimpleNamespace(rank=rank, lora_a=[torch.zeros(rank, 8), None] if packed
-                               else torch.zeros(rank, 8))
+                               else torch.zeros(3, rank, 8))  # the experts' [E, r, in]
 
     carries = {7: {"qkv": weights(8, packed=True), "experts": weights(8)},
                8: {"qkv": weights(16, packed=True)}, 9: {}}
@@ -116,16 +117,23 @@ def test_modules_get_a_device_table_of_their_slots_ranks(monkeypatch):
     assert live.slot_ranks(experts) is expert_ranks and expert_ranks.tolist() == [0, 0, 0, 0]
 
 
-def test_a_rank_that_cannot_be_told_reads_the_whole_stack():
-    """Weights without an integer rank read the stack's whole rank; a packed part larger than
-    the weights' ``rank`` (vLLM packs q/k/v under the first part's rank) raises it; nothing
-    exceeds the stack's rank."""
-    packed = SimpleNamespace(rank=8, lora_a=[torch.zeros(8, 4), None, torch.zeros(24, 4)])
-    assert live.adapter_rank(packed, 32) == 24
-    assert live.adapter_rank(SimpleNamespace(rank=None, lora_a=None), 32) == 32
-    assert live.adapter_rank(SimpleNamespace(rank=64, lora_a=torch.zeros(64, 4)), 32) == 32
-    assert live.adapter_rank(SimpleNamespace(rank=16, lora_a=torch.zeros(16, 4)), 32) == 16
+def test_a_slots_rank_is_never_below_the_rows_vllm_copies_into_it():
+    """The rank the kernels read a slot to: the largest of the adapter config's ``rank`` and the
+    rows of its ``A`` parts as vLLM lays them out (``[r, in]``, ``[E, r, in]``, the fused
+    experts' ``[E*r, in]``), at most the stack's; anything else reads the whole stack."""
+    def w(rank, *parts):
+        return SimpleNamespace(rank=rank, lora_a=list(parts) if len(parts) > 1 else parts[0])
 
+    # packed q/k/v under the first part's rank, a larger second part
+    assert live.adapter_rank(w(8, torch.zeros(8, 4), None, torch.zeros(24, 4)), 32) == 24
+    # a config rank below the tensors' (vLLM copies the tensor's rows): the tensors win
+    assert live.adapter_rank(w(16, torch.zeros(32, 4)), 64) == 32
+    assert live.adapter_rank(w(16, torch.zeros(6, 16, 4)), 64) == 16  # [E, r, in]
+    assert live.adapter_rank(w(16, torch.zeros(6 * 16, 4)), 64, num_experts=6) == 16  # [E*r, in]
+    assert live.adapter_rank(w(16, torch.zeros(6 * 16 + 1, 4)), 64, num_experts=6) == 64
+    assert live.adapter_rank(w(16, torch.zeros(16)), 64) == 64  # an unknown layout
+    assert live.adapter_rank(SimpleNamespace(rank=None, lora_a=None), 32) == 32
+    assert live.adapter_rank(w(64, torch.zeros(64, 4)), 32) == 32  # never above the stack
 
 
 def test_a_table_made_during_warm_up_is_written_by_a_later_add_lora():
