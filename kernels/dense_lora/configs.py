@@ -11,7 +11,8 @@ Tuned configs live in ``kernels/configs/dense_lora_<device>.json`` (written by
 
 The shape key names the input features, each slice's output features, the rank and the slot
 count. Lookup as for the MoE-LoRA configs: exact device and shape (or the shape's nearest tuned
-rank), the largest tuned M not above the batch's (the smallest when M is below all). A shape without tuned configs uses the heuristic
+rank), the largest tuned M not above the batch's (the smallest when M is below all). A shape
+without tuned configs uses the heuristic
 ``kernels.dense_lora.launch.dense_config``.
 """
 

@@ -143,13 +143,16 @@ def tuned_buckets(prefix: str, slug: str, key: str) -> dict:
     each slot up to its adapter's rank, so an engine whose ``max_lora_rank`` (64) is above the
     adapters' (32) runs best on the tiles tuned at theirs, not on the untuned heuristic."""
     shapes = load_device_file(prefix, slug)
-    if key in shapes or _RANK_IN_KEY.search(key) is None:
+    found = _RANK_IN_KEY.search(key)
+    if key in shapes or found is None:
         return shapes.get(key, {})
-    rank = int(_RANK_IN_KEY.search(key).group(1))
-    near = sorted((abs(math.log2(r / rank)), r, other) for other in shapes
-                  if _RANK_IN_KEY.sub("_r_", other) == _RANK_IN_KEY.sub("_r_", key)
-                  for r in [int(_RANK_IN_KEY.search(other).group(1))])
-    return shapes[near[0][2]] if near else {}
+    rank, shape = int(found.group(1)), _RANK_IN_KEY.sub("_r_", key)
+    near = []  # (distance in doublings, tuned rank, its key) of the same shape's tuned ranks
+    for other in shapes:
+        if _RANK_IN_KEY.sub("_r_", other) == shape:
+            tuned = int(_RANK_IN_KEY.search(other).group(1))
+            near.append((abs(math.log2(tuned / rank)), tuned, other))
+    return shapes[min(near)[2]] if near else {}
 
 
 # A batch above a shape's largest tuned bucket takes that bucket's config up to this many times
