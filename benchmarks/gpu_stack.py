@@ -135,6 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--loraplex-topology", default=None, choices=TOPOLOGIES,
                     help="loraplex's `topology` (default: deploy/h200.yaml's, split; colocated: gateway and "
                     "engine in one replica, app.colocated)")
+    ap.add_argument("--no-routing-check", action="store_true",
+                    help="skip the engine alone's routing check (the same weights give the same routing: "
+                         "an earlier run on this model measured it)")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and its estimate only")
     return ap
 
@@ -205,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     systems = tuple(s for s in args.systems.split(",") if s)
     if unknown := [s for s in systems if s not in SYSTEMS]:
         raise SystemExit(f"unknown systems {unknown}; choose among {','.join(SYSTEMS)}")
-    plan = build_plan(args.plan or ("tiny" if args.model == "embedded" else "default"), args.model, systems)
+    plan = build_plan(args.plan or ("tiny" if args.model == "embedded" else "default"), args.model, systems,
+                      route_check=not args.no_routing_check)
     print(format_plan(plan), flush=True)
     if args.dry_run:
         return 0

@@ -121,8 +121,9 @@ def tenant_of(index: int) -> str:
     return f"tenant-{index % TENANTS + 1}"
 
 
-def build_plan(name: str, model: str, systems: tuple[str, ...] = SYSTEMS) -> Plan:
-    """The plan ``name`` for ``model``, restricted to ``systems`` (in the plan's order)."""
+def build_plan(name: str, model: str, systems: tuple[str, ...] = SYSTEMS, route_check: bool = True) -> Plan:
+    """The plan ``name`` for ``model``, restricted to ``systems`` (in the plan's order); without
+    ``route_check`` the engine alone skips the routing check (it depends on the weights only)."""
     if name not in PLANS:
         raise ValueError(f"unknown plan {name!r}; choose from {', '.join(PLANS)}")
     if (name == "tiny") != (model == "embedded"):
@@ -146,7 +147,7 @@ def build_plan(name: str, model: str, systems: tuple[str, ...] = SYSTEMS) -> Pla
     blocks = [SystemBlock(system="vllm-base", phases=base), SystemBlock(system="vllm-lora", phases=lora),
               SystemBlock(system="ray-llm", phases=lora),
               SystemBlock(system="loraplex", phases=lora + sets, cold_starts=3 if name == "full" else 1),
-              SystemBlock(system="engine-alone", phases=lora, route_check=True)]
+              SystemBlock(system="engine-alone", phases=lora, route_check=route_check)]
     return Plan(name=name, model=model, workload=w, blocks=[b for b in blocks if b.system in systems])
 
 

@@ -57,6 +57,8 @@ def test_the_default_plan_is_the_seed_workload_and_full_adds_the_variants():
 def test_plans_restricted_and_mismatched():
     plan = build_plan("default", "gptoss", ("engine-alone", "loraplex"))
     assert [b.system for b in plan.blocks] == ["loraplex", "engine-alone"]
+    assert plan.blocks[1].route_check
+    assert not build_plan("default", "gptoss", ("engine-alone",), route_check=False).blocks[0].route_check
     with pytest.raises(ValueError):
         build_plan("tiny", "gptoss")
     with pytest.raises(ValueError):
