@@ -107,10 +107,16 @@ class EngineConfig(_Strict):
         True,
         description="Fair share inside the batch: requests carry their tenant's fair-share tag as vLLM priority "
         "(scheduling_policy=priority) and a waiting request of a better tag takes a full batch's worst slot "
-        "(kernels.vllm.priority_scheduler). Off: vLLM's first come, first served.",
+        "(kernels.vllm.scheduling). Off: vLLM's first come, first served.",
     )
     priority_preempt_margin: int = Field(
         256, ge=0, description="Virtual tokens by which a waiting request must lead the worst running one to take its slot."
+    )
+    slot_quantum_s: float | None = Field(
+        None, gt=0, description="Adapter slot rotation: when all max_loras GPU slots are held and requests of another "
+        "adapter wait, the adapter that has held its slot this many seconds yields it (its requests are preempted "
+        "and resume later; kernels.vllm.scheduling.slot_policy), so a request waits about a quantum, not a whole "
+        "generation, for a slot. None: vLLM's rule (a slot frees when its adapter's last request ends).",
     )
     heavy_tenant_backlog_tokens: int | None = Field(
         2048, ge=0, description="With priority_scheduling: a tenant whose admitted, unserved work on a replica exceeds this "

@@ -3,7 +3,7 @@
 The gateway sends each request's ``TenantShare``; the replica tags it against the counters of
 every request it serves (from all gateway replicas) and hands the tag to vLLM as the request's
 ``priority`` (lower first; the engine runs ``scheduling_policy="priority"`` with loraplex's
-preempting scheduler, ``kernels.vllm.priority_scheduler``). A request without a share (fair
+preempting scheduler, ``kernels.vllm.scheduling``). A request without a share (fair
 share off, readiness probes) gets priority 0, so with fair share off every request is first
 come, first served. A ``priority`` a client put in its body is never used.
 

@@ -83,7 +83,6 @@ class EngineServer:
         os.environ["LORAPLEX_MOE_LORA"] = "1" if ecfg.moe_lora_plugin else "0"
         if ecfg.cpu_kvcache_space_gib is not None:
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(ecfg.cpu_kvcache_space_gib)
-        os.environ["LORAPLEX_PREEMPT_MARGIN"] = str(ecfg.priority_preempt_margin)  # read by the engine core
         with start_log.phase("engine"):
             self.serving = await vllm_serving.start_engine(ecfg)
         self.shape_warmup = None

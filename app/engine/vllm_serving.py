@@ -82,22 +82,28 @@ def engine_kwargs(cfg: EngineConfig) -> dict[str, Any]:
     )
     if cfg.max_num_batched_tokens is not None:
         kw["max_num_batched_tokens"] = cfg.max_num_batched_tokens
-    kw.update(priority_scheduling_kwargs(cfg))
     kw["lora_target_modules"] = (cfg.lora_target_modules if cfg.lora_target_modules is not None
                                  else default_lora_targets(cfg.moe_lora_plugin, _is_cpu()))
     kw.update(cfg.extra_engine_args)
+    kw.update(scheduler_kwargs(cfg))  # after: its additional_config includes the operator's
     return kw
 
 
-PRIORITY_SCHEDULER = "kernels.vllm.priority_scheduler.build_scheduler"
-
-
-def priority_scheduling_kwargs(cfg: EngineConfig) -> dict[str, Any]:
-    """Engine arguments of fair share inside the batch: vLLM's priority policy with loraplex's
-    preempting scheduler (``kernels.vllm.priority_scheduler``); none when it is off."""
-    if not cfg.priority_scheduling:
+def scheduler_kwargs(cfg: EngineConfig) -> dict[str, Any]:
+    """Engine arguments of loraplex's scheduler (``kernels.vllm.scheduling``): vLLM's priority
+    policy for fair share inside the batch, adapter slot rotation; none when both are off. The
+    rules' settings go into ``additional_config`` beside any an operator put there."""
+    if not cfg.priority_scheduling and cfg.slot_quantum_s is None:
         return {}
-    return {"scheduling_policy": "priority", "scheduler_cls": PRIORITY_SCHEDULER}
+    from kernels.vllm.scheduling import SCHEDULER, SETTINGS_KEY, SchedulerSettings
+
+    settings = SchedulerSettings(preempt_margin=cfg.priority_preempt_margin, slot_quantum_s=cfg.slot_quantum_s)
+    extra = dict(cfg.extra_engine_args.get("additional_config") or {})
+    extra[SETTINGS_KEY] = settings.model_dump()
+    kw: dict[str, Any] = {"scheduler_cls": SCHEDULER, "additional_config": extra}
+    if cfg.priority_scheduling:
+        kw["scheduling_policy"] = "priority"
+    return kw
 
 
 def uses_priorities(cfg: EngineConfig) -> bool:

@@ -1,0 +1,59 @@
+"""Adapter slot rotation in vLLM's scheduler (the policy: ``slot_policy``).
+
+Before each step the running and ready waiting requests' adapters go to ``SlotRotation``; when
+it names an adapter to yield, every running request of that adapter is preempted through
+vLLM's ``_preempt_request``, and for this step the adapter's waiting requests are held out of
+the waiting queue, so the freed slot goes to a blocked adapter instead of straight back. After
+the step they rejoin the queue: at its end first come, first served (behind the adapters that
+waited before them), by their own priority under the priority policy.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from vllm.v1.core.sched.request_queue import SchedulingPolicy
+
+from .requests import WAITING_STATES, can_preempt, lora_id, preempt
+from .slot_policy import SlotRotation
+
+logger = logging.getLogger(__name__)
+
+
+class RotateAdapterSlots:
+    """The rotation of the module doc, mixed into vLLM's ``Scheduler`` / ``AsyncScheduler``;
+    ``slot_rotation`` is None when it is off."""
+
+    slot_rotation: SlotRotation | None = None
+
+    def schedule(self, *args, **kwargs):
+        held_out = self._rotate_slots() if self.slot_rotation is not None and self.lora_config else []
+        try:
+            return super().schedule(*args, **kwargs)
+        finally:
+            for request in held_out:
+                self.waiting.add_request(request)
+
+    def _rotate_slots(self) -> list:
+        now = time.monotonic()
+        rotation = self.slot_rotation
+        held = {lora_id(r) for r in self.running}
+        blocked = {lora_id(r) for r in self.waiting if r.status in WAITING_STATES}
+        rotation.observe(held, blocked, now)
+        adapter = rotation.yielding(self.lora_config.max_loras, now)
+        if adapter is None:
+            return []
+        leaving = [r for r in self.running if lora_id(r) == adapter]
+        if not all(can_preempt(self, r) for r in leaving):
+            return []
+        for r in leaving:
+            preempt(self, r)
+        rotation.yielded(adapter, now)
+        held_out = [r for r in self.waiting if lora_id(r) == adapter]
+        self.waiting.remove_requests(held_out)
+        if self.policy == SchedulingPolicy.FCFS:
+            held_out.sort(key=lambda r: r.arrival_time)
+        logger.debug("adapter %d yielded its slot after %.2f s: %d requests preempted", adapter,
+                     rotation.quantum_s, len(leaving))
+        return held_out
