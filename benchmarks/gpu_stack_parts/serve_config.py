@@ -10,7 +10,8 @@ autoscaling (no GPU on the CPU host). Everything else is the file's.
 
 The other systems get the engine arguments loraplex's replica gives vLLM for that engine section
 (``app.engine.vllm_serving.engine_kwargs``: the same LoRA targets, slots, rank, batch sizes,
-prefix caching), less the model and its served name, which their launchers pass themselves, and
+prefix caching), less the model and its served name, which their launchers pass themselves,
+loraplex's scheduler (vLLM's own instead), and
 ``disable_log_stats: false``, vLLM's default, which its server's parser cannot take.
 """
 
@@ -63,10 +64,16 @@ def engine_config(cfg: dict[str, Any]):
 
 def stock_engine_args(cfg: dict[str, Any]) -> dict[str, Any]:
     """vLLM engine arguments of loraplex's engine for the other systems (no model, no served
-    name, nothing left at vLLM's default by being None)."""
-    from app.engine.vllm_serving import engine_kwargs
+    name, nothing left at vLLM's default by being None) and vLLM's own scheduler: first come, first
+    served, no adapter slot rotation (the settings of ``scheduler_kwargs`` are loraplex's)."""
+    from app.engine.vllm_serving import engine_kwargs, scheduler_kwargs
 
-    kw = engine_kwargs(engine_config(cfg))
+    engine = engine_config(cfg)
+    kw = engine_kwargs(engine)
+    for key in scheduler_kwargs(engine):  # loraplex's scheduler rules are loraplex's, not stock vLLM's
+        kw.pop(key, None)
+    if "additional_config" in engine.extra_engine_args:
+        kw["additional_config"] = engine.extra_engine_args["additional_config"]
     if kw.get("disable_log_stats") is False:  # vLLM's default, and its server has no --no-disable-log-stats
         del kw["disable_log_stats"]
     return {k: v for k, v in kw.items() if k not in ("model", "served_model_name") and v is not None}

@@ -315,3 +315,5 @@ def test_engine_settings_reach_every_systems_engine_arguments(tmp_path):
     assert engine["max_lora_rank"] == 32 and engine["extra_engine_args"]["enable_prefix_caching"] is False
     stock = stock_engine_args(cfg)
     assert stock["max_lora_rank"] == 32 and stock["enable_prefix_caching"] is False
+    # stock vLLM runs its own scheduler: none of loraplex's rules (deploy/h200.yaml turns them on)
+    assert not {"scheduler_cls", "scheduling_policy", "additional_config"} & set(stock)

@@ -17,7 +17,7 @@ import logging
 
 from vllm.v1.core.sched.request_queue import SchedulingPolicy
 
-from .requests import WAITING_STATES, can_preempt, lora_id, preempt
+from .requests import WAITING_STATES, can_preempt, lora_id, preempt, waiting_queues
 
 logger = logging.getLogger(__name__)
 
@@ -33,9 +33,10 @@ class PreemptForPriority:
         return super().schedule(*args, **kwargs)
 
     def _preempt_for_waiting(self) -> None:
-        if len(self.running) < self.max_num_running_reqs or not self.waiting:
+        heads = [q.peek_request() for q in waiting_queues(self) if q]
+        if len(self.running) < self.max_num_running_reqs or not heads:
             return
-        head = self.waiting.peek_request()
+        head = min(heads)  # vLLM's Request orders by (priority, arrival)
         if head.status not in WAITING_STATES:
             return
         victim = max(self.running, key=lambda r: (r.priority, r.arrival_time))

@@ -16,6 +16,18 @@ def lora_id(request) -> int:
     return lora.lora_int_id if lora is not None and lora.lora_int_id > 0 else 0
 
 
+def waiting_queues(scheduler) -> list:
+    """The queues whose requests wait to be scheduled: ``waiting`` and, in vLLM 0.24,
+    ``skipped_waiting``, where a step leaves the requests it skipped (e.g. for ``max_loras``) and
+    which the next step serves first; vLLM 0.32 puts skipped requests back into ``waiting``."""
+    return [q for q in (scheduler.waiting, getattr(scheduler, "skipped_waiting", None)) if q is not None]
+
+
+def waiting_requests(scheduler) -> list:
+    """Every request of ``waiting_queues``."""
+    return [r for q in waiting_queues(scheduler) for r in q]
+
+
 def can_preempt(scheduler, request) -> bool:
     """Whether ``request`` runs and its blocks may be freed now (vLLM's own check, where it has one)."""
     if request.status != RequestStatus.RUNNING:

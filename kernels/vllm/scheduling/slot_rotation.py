@@ -4,8 +4,9 @@ Before each step the running and ready waiting requests' adapters go to ``SlotRo
 it names an adapter to yield, every running request of that adapter is preempted through
 vLLM's ``_preempt_request``, and for this step the adapter's waiting requests are held out of
 the waiting queue, so the freed slot goes to a blocked adapter instead of straight back. After
-the step they rejoin the queue: at its end first come, first served (behind the adapters that
-waited before them), by their own priority under the priority policy.
+the step they rejoin the waiting queue: at its end first come, first served (behind the adapters
+that waited before them, which vLLM 0.24 keeps in a queue it serves first), by their own
+priority under the priority policy.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import time
 
 from vllm.v1.core.sched.request_queue import SchedulingPolicy
 
-from .requests import WAITING_STATES, can_preempt, lora_id, preempt
+from .requests import WAITING_STATES, can_preempt, lora_id, preempt, waiting_queues, waiting_requests
 from .slot_policy import SlotRotation
 
 logger = logging.getLogger(__name__)
@@ -39,7 +40,7 @@ class RotateAdapterSlots:
         now = time.monotonic()
         rotation = self.slot_rotation
         held = {lora_id(r) for r in self.running}
-        blocked = {lora_id(r) for r in self.waiting if r.status in WAITING_STATES}
+        blocked = {lora_id(r) for r in waiting_requests(self) if r.status in WAITING_STATES}
         rotation.observe(held, blocked, now)
         adapter = rotation.yielding(self.lora_config.max_loras, now)
         if adapter is None:
@@ -50,8 +51,11 @@ class RotateAdapterSlots:
         for r in leaving:
             preempt(self, r)
         rotation.yielded(adapter, now)
-        held_out = [r for r in self.waiting if lora_id(r) == adapter]
-        self.waiting.remove_requests(held_out)
+        held_out = []
+        for queue in waiting_queues(self):
+            mine = [r for r in queue if lora_id(r) == adapter]
+            queue.remove_requests(mine)
+            held_out += mine
         if self.policy == SchedulingPolicy.FCFS:
             held_out.sort(key=lambda r: r.arrival_time)
         logger.debug("adapter %d yielded its slot after %.2f s: %d requests preempted", adapter,
