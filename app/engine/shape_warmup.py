@@ -14,6 +14,11 @@ a prompt of distinct random token ids (no prefix-cache hit can shorten it) and o
 The ids are drawn from the first ``PROMPT_ID_RANGE`` ids, which every tokenizer holds as ordinary
 tokens (vLLM refuses ids past the tokenizer's own vocabulary, which can be smaller than the
 model's embedding).
+
+With LoRA the same counts run again as one dummy forward each with an adapter in every slot
+(``kernels.vllm.worker_extension``): a step with expert LoRA takes other kernels than the base
+model's (loraplex's, and the MXFP4 experts unfused, each GEMM and routing variant compiled per
+class), so base-model steps alone left those compiles to the first adapter steps of serving.
 """
 
 from __future__ import annotations
@@ -37,6 +42,9 @@ class ShapeWarmupReport(BaseModel):
     seconds: list[float] = Field(description="Wall seconds of each request (a compile shows as an outlier).")
     total_s: float = Field(description="Wall seconds of the whole warm-up.")
     limit: int = Field(description="Largest step: the engine's max_num_batched_tokens, capped below max_model_len.")
+    lora_active: int = Field(0, description="Dummy adapters active in the LoRA steps (0: none ran).")
+    lora_seconds: list[float] = Field(default_factory=list, description="Wall seconds of each LoRA step "
+                                      "(same counts, in order), run in the engine's workers.")
 
 
 def token_counts(limit: int) -> list[int]:
@@ -80,6 +88,15 @@ async def warm_shapes(engine: Any, counts: list[int], vocab_size: int, seed: int
     return seconds, time.perf_counter() - t_all
 
 
+async def warm_lora_steps(engine: Any, counts: list[int], active: int) -> list[float]:
+    """One forward per entry of ``counts`` with ``active`` dummy adapters, in the engine's
+    workers (``kernels.vllm.worker_extension``); each forward's seconds (the first worker's)."""
+    from kernels.vllm.worker_extension import WARM_LORA_STEPS
+
+    per_worker = await engine.collective_rpc(WARM_LORA_STEPS, args=(counts, active))
+    return list(per_worker[0])
+
+
 async def run(engine: Any, seed: int = 0) -> ShapeWarmupReport:
     """The warm-up for ``engine``'s limits (read through ``app.engine.vllm_serving.engine_limits``)."""
     from app.engine.vllm_serving import engine_limits
@@ -87,10 +104,16 @@ async def run(engine: Any, seed: int = 0) -> ShapeWarmupReport:
     limits = engine_limits(engine)
     limit = step_limit(limits.max_num_batched_tokens, limits.max_model_len)
     counts = token_counts(limit)
-    seconds, total = await warm_shapes(engine, counts, limits.vocab_size, seed)
+    t0 = time.perf_counter()
+    seconds, _ = await warm_shapes(engine, counts, limits.vocab_size, seed)
+    lora_active = limits.max_loras
+    lora_seconds = await warm_lora_steps(engine, counts, lora_active) if lora_active else []
+    total = time.perf_counter() - t0
     report = ShapeWarmupReport(token_counts=counts, seconds=[round(s, 4) for s in seconds], total_s=round(total, 3),
-                               limit=limit)
+                               limit=limit, lora_active=lora_active if lora_seconds else 0,
+                               lora_seconds=[round(s, 4) for s in lora_seconds])
     slowest = max(range(len(counts)), key=seconds.__getitem__)
-    logger.info("shape warm-up: %d steps of 1..%d tokens in %.2f s (slowest: %d tokens, %.2f s)", len(counts),
-                limit, total, counts[slowest], seconds[slowest])
+    logger.info("shape warm-up: %d steps of 1..%d tokens in %.2f s (slowest: %d tokens, %.2f s); "
+                "LoRA steps with %d adapters: %.2f s", len(counts), limit, total, counts[slowest], seconds[slowest],
+                report.lora_active, sum(lora_seconds))
     return report

@@ -86,7 +86,24 @@ def engine_kwargs(cfg: EngineConfig) -> dict[str, Any]:
                                  else default_lora_targets(cfg.moe_lora_plugin, _is_cpu()))
     kw.update(cfg.extra_engine_args)
     kw.update(scheduler_kwargs(cfg))  # after: its additional_config includes the operator's
+    kw.update(worker_extension_kwargs(cfg))
     return kw
+
+
+def worker_extension_kwargs(cfg: EngineConfig) -> dict[str, Any]:
+    """loraplex's worker methods (``kernels.vllm.worker_extension``: the LoRA shape warm-up),
+    unless an operator set a worker extension of their own in ``extra_engine_args``."""
+    if cfg.extra_engine_args.get("worker_extension_cls"):
+        return {}
+    from kernels.vllm.worker_extension import WORKER_EXTENSION
+
+    return {"worker_extension_cls": WORKER_EXTENSION}
+
+
+def loraplex_engine_keys(cfg: EngineConfig) -> set[str]:
+    """The engine arguments that are loraplex's own (its scheduler, its worker methods), not
+    vLLM's settings: what a stock server given the same engine section leaves out."""
+    return set(scheduler_kwargs(cfg)) | set(worker_extension_kwargs(cfg))
 
 
 def scheduler_kwargs(cfg: EngineConfig) -> dict[str, Any]:
@@ -170,6 +187,7 @@ class EngineLimits(BaseModel):
 
     max_num_batched_tokens: int = Field(description="Token budget of one scheduler step.")
     max_model_len: int = Field(description="Context length.")
+    max_loras: int = Field(0, description="GPU LoRA slots (0: LoRA off).")
     vocab_size: int = Field(description="The model's vocabulary (its embedding rows).")
 
 
@@ -179,7 +197,8 @@ def engine_limits(engine: Any) -> EngineLimits:
     vc = engine.vllm_config
     return EngineLimits(max_num_batched_tokens=vc.scheduler_config.max_num_batched_tokens,
                         max_model_len=vc.model_config.max_model_len,
-                        vocab_size=vc.model_config.get_vocab_size())
+                        vocab_size=vc.model_config.get_vocab_size(),
+                        max_loras=vc.lora_config.max_loras if vc.lora_config else 0)
 
 
 def one_greedy_token():

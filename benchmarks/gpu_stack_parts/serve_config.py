@@ -11,7 +11,7 @@ autoscaling (no GPU on the CPU host). Everything else is the file's.
 The other systems get the engine arguments loraplex's replica gives vLLM for that engine section
 (``app.engine.vllm_serving.engine_kwargs``: the same LoRA targets, slots, rank, batch sizes,
 prefix caching), less the model and its served name, which their launchers pass themselves,
-loraplex's scheduler (vLLM's own instead), and
+loraplex's scheduler and worker methods (vLLM's own instead), and
 ``disable_log_stats: false``, vLLM's default, which its server's parser cannot take.
 """
 
@@ -66,11 +66,11 @@ def stock_engine_args(cfg: dict[str, Any]) -> dict[str, Any]:
     """vLLM engine arguments of loraplex's engine for the other systems (no model, no served
     name, nothing left at vLLM's default by being None) and vLLM's own scheduler: first come, first
     served, no adapter slot rotation (the settings of ``scheduler_kwargs`` are loraplex's)."""
-    from app.engine.vllm_serving import engine_kwargs, scheduler_kwargs
+    from app.engine.vllm_serving import engine_kwargs, loraplex_engine_keys
 
     engine = engine_config(cfg)
     kw = engine_kwargs(engine)
-    for key in scheduler_kwargs(engine):  # loraplex's scheduler rules are loraplex's, not stock vLLM's
+    for key in loraplex_engine_keys(engine):  # loraplex's scheduler and worker methods, not stock vLLM's
         kw.pop(key, None)
     if "additional_config" in engine.extra_engine_args:
         kw["additional_config"] = engine.extra_engine_args["additional_config"]

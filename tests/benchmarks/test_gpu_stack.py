@@ -316,4 +316,4 @@ def test_engine_settings_reach_every_systems_engine_arguments(tmp_path):
     stock = stock_engine_args(cfg)
     assert stock["max_lora_rank"] == 32 and stock["enable_prefix_caching"] is False
     # stock vLLM runs its own scheduler: none of loraplex's rules (deploy/h200.yaml turns them on)
-    assert not {"scheduler_cls", "scheduling_policy", "additional_config"} & set(stock)
+    assert not {"scheduler_cls", "scheduling_policy", "additional_config", "worker_extension_cls"} & set(stock)

@@ -1,6 +1,6 @@
 """The shape warm-up on the real stack: every live engine replica ran one step of every
-token-count class before it took traffic (a phase of its logged start), and vLLM's own step
-histogram shows those steps."""
+token-count class before it took traffic (a phase of its logged start), base model and then
+with LoRA in every slot, and vLLM's own step histogram shows the base-model steps."""
 
 from __future__ import annotations
 
@@ -28,6 +28,9 @@ def test_every_replica_warmed_each_token_count_class_before_serving(serve_stack,
         assert report["limit"] >= 1024, report  # the session stack's max_model_len is 2048
         assert report["token_counts"] == token_counts(report["limit"]), report
         assert len(report["seconds"]) == len(report["token_counts"]) and min(report["seconds"]) > 0, report
+        # the same counts again with an adapter in every slot (vLLM's dummy adapters, in the workers)
+        assert report["lora_active"] > 0, report
+        assert len(report["lora_seconds"]) == len(report["token_counts"]) and min(report["lora_seconds"]) > 0, report
         phases = view["start_phases"]
         assert [p["name"] for p in phases] == ["imports", "engine", "shape warm-up"], phases
         warm = phases[-1]["seconds"]

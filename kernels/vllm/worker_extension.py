@@ -1,0 +1,47 @@
+"""Methods loraplex adds to vLLM's workers (engine argument ``worker_extension_cls`` =
+``WORKER_EXTENSION``), reached from the frontend through ``AsyncLLM.collective_rpc``.
+
+``loraplex_warm_lora_steps``: one forward per token count with LoRA active in every slot
+(vLLM's own dummy adapters, as its CUDA-graph capture uses them), so the kernels of the LoRA
+path — loraplex's, and triton_kernels' MXFP4 GEMM and routing variants that the expert-LoRA
+path launches instead of the fused base path — compile before the replica takes traffic, not in
+the first mixed step of each token-count class with an adapter (every stream of the batch stalls
+for the compile). Touches ``GPUModelRunner._dummy_run`` (``num_active_loras``, ``remove_lora``)
+and the worker's LoRA manager, as the releases of ``kernels.vllm.versions`` have them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from kernels.vllm.versions import require_any
+
+WORKER_EXTENSION = "kernels.vllm.worker_extension.LoraplexWorkerExtension"
+WARM_LORA_STEPS = "loraplex_warm_lora_steps"
+logger = logging.getLogger("vllm.loraplex")
+
+
+class LoraplexWorkerExtension:
+    """Mixed into vLLM's worker class (``self.model_runner`` is the worker's model runner)."""
+
+    def loraplex_warm_lora_steps(self, counts: list[int], num_active_loras: int) -> list[float]:
+        """One dummy forward of each of ``counts`` tokens with ``num_active_loras`` dummy
+        adapters active; returns each forward's seconds. Refuses (``RuntimeError``) when a served
+        adapter is registered: the dummy adapters take slot ids 1.. and are removed after."""
+        require_any("loraplex's LoRA shape warm-up")
+        runner = self.model_runner
+        manager = getattr(runner, "lora_manager", None)
+        if manager is None:
+            raise RuntimeError("LoRA shape warm-up: this engine has no LoRA (enable_lora is off)")
+        if manager.list_adapters():
+            raise RuntimeError("LoRA shape warm-up: adapters are registered already; it runs before any is")
+        seconds = []
+        try:
+            for n in counts:
+                t0 = time.perf_counter()
+                runner._dummy_run(n, remove_lora=False, num_active_loras=num_active_loras)
+                seconds.append(time.perf_counter() - t0)
+        finally:
+            manager.remove_all_adapters()
+        return seconds
