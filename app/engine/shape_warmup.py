@@ -45,6 +45,7 @@ class ShapeWarmupReport(BaseModel):
     lora_active: int = Field(0, description="Dummy adapters active in the LoRA steps (0: none ran).")
     lora_seconds: list[float] = Field(default_factory=list, description="Wall seconds of each LoRA step "
                                       "(same counts, in order), run in the engine's workers.")
+    lora_error: str | None = Field(None, description="Why the LoRA steps did not run (None: they ran, or LoRA is off).")
 
 
 def token_counts(limit: int) -> list[int]:
@@ -106,12 +107,18 @@ async def run(engine: Any, seed: int = 0) -> ShapeWarmupReport:
     counts = token_counts(limit)
     t0 = time.perf_counter()
     seconds, _ = await warm_shapes(engine, counts, limits.vocab_size, seed)
-    lora_active = limits.max_loras
-    lora_seconds = await warm_lora_steps(engine, counts, lora_active) if lora_active else []
+    lora_active, lora_seconds, lora_error = limits.max_loras, [], None
+    if lora_active:
+        try:
+            lora_seconds = await warm_lora_steps(engine, counts, lora_active)
+        except Exception as exc:  # noqa: BLE001 - a warm-up only: serving works without it, compiling later
+            lora_error = f"{type(exc).__name__}: {exc}"[:500]
+            logger.warning("shape warm-up: the LoRA steps failed (%s); kernels of the LoRA path will compile "
+                           "while serving", lora_error)
     total = time.perf_counter() - t0
     report = ShapeWarmupReport(token_counts=counts, seconds=[round(s, 4) for s in seconds], total_s=round(total, 3),
                                limit=limit, lora_active=lora_active if lora_seconds else 0,
-                               lora_seconds=[round(s, 4) for s in lora_seconds])
+                               lora_seconds=[round(s, 4) for s in lora_seconds], lora_error=lora_error)
     slowest = max(range(len(counts)), key=seconds.__getitem__)
     logger.info("shape warm-up: %d steps of 1..%d tokens in %.2f s (slowest: %d tokens, %.2f s); "
                 "LoRA steps with %d adapters: %.2f s", len(counts), limit, total, counts[slowest], seconds[slowest],

@@ -29,7 +29,7 @@ def test_every_replica_warmed_each_token_count_class_before_serving(serve_stack,
         assert report["token_counts"] == token_counts(report["limit"]), report
         assert len(report["seconds"]) == len(report["token_counts"]) and min(report["seconds"]) > 0, report
         # the same counts again with an adapter in every slot (vLLM's dummy adapters, in the workers)
-        assert report["lora_active"] > 0, report
+        assert report["lora_active"] > 0 and report["lora_error"] is None, report
         assert len(report["lora_seconds"]) == len(report["token_counts"]) and min(report["lora_seconds"]) > 0, report
         phases = view["start_phases"]
         assert [p["name"] for p in phases] == ["imports", "engine", "shape warm-up"], phases
