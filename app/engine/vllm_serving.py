@@ -59,8 +59,10 @@ def _make_arg_parser():
     return make_arg_parser(FlexibleArgumentParser())
 
 
-def engine_kwargs(cfg: EngineConfig) -> dict[str, Any]:
-    """EngineConfig → vLLM ``AsyncEngineArgs`` field values (LoRA always enabled)."""
+def engine_kwargs(cfg: EngineConfig, loraplex_rules: bool = True) -> dict[str, Any]:
+    """EngineConfig → vLLM ``AsyncEngineArgs`` field values (LoRA always enabled); without
+    ``loraplex_rules``, vLLM's own scheduler and workers (loraplex's scheduler and worker methods
+    left out: what a stock server given the same engine section runs)."""
     kw: dict[str, Any] = dict(
         model=cfg.resolved_model(),
         tokenizer=cfg.tokenizer,
@@ -85,8 +87,9 @@ def engine_kwargs(cfg: EngineConfig) -> dict[str, Any]:
     kw["lora_target_modules"] = (cfg.lora_target_modules if cfg.lora_target_modules is not None
                                  else default_lora_targets(cfg.moe_lora_plugin, _is_cpu()))
     kw.update(cfg.extra_engine_args)
-    kw.update(scheduler_kwargs(cfg))  # after: its additional_config includes the operator's
-    kw.update(worker_extension_kwargs(cfg))
+    if loraplex_rules:
+        kw.update(scheduler_kwargs(cfg))  # after: its additional_config includes the operator's
+        kw.update(worker_extension_kwargs(cfg))
     return kw
 
 
@@ -98,12 +101,6 @@ def worker_extension_kwargs(cfg: EngineConfig) -> dict[str, Any]:
     from kernels.vllm.worker_extension import WORKER_EXTENSION
 
     return {"worker_extension_cls": WORKER_EXTENSION}
-
-
-def loraplex_engine_keys(cfg: EngineConfig) -> set[str]:
-    """The engine arguments that are loraplex's own (its scheduler, its worker methods), not
-    vLLM's settings: what a stock server given the same engine section leaves out."""
-    return set(scheduler_kwargs(cfg)) | set(worker_extension_kwargs(cfg))
 
 
 def scheduler_kwargs(cfg: EngineConfig) -> dict[str, Any]:
@@ -143,10 +140,11 @@ def build_args(cfg: EngineConfig) -> Namespace:
     """
     check_vllm_version()
     args = _make_arg_parser().parse_args(["--model", cfg.resolved_model()])
-    unknown = [k for k in engine_kwargs(cfg) if not hasattr(args, k)]
+    kw = engine_kwargs(cfg)
+    unknown = [k for k in kw if not hasattr(args, k)]
     if unknown:
         raise ValueError(f"unknown vLLM engine arguments {unknown} for vLLM {vllm.__version__}")
-    for key, value in engine_kwargs(cfg).items():
+    for key, value in kw.items():
         setattr(args, key, value)
     return args
 

@@ -65,15 +65,10 @@ def engine_config(cfg: dict[str, Any]):
 def stock_engine_args(cfg: dict[str, Any]) -> dict[str, Any]:
     """vLLM engine arguments of loraplex's engine for the other systems (no model, no served
     name, nothing left at vLLM's default by being None) and vLLM's own scheduler: first come, first
-    served, no adapter slot rotation (the settings of ``scheduler_kwargs`` are loraplex's)."""
-    from app.engine.vllm_serving import engine_kwargs, loraplex_engine_keys
+    served, no adapter slot rotation (``engine_kwargs`` without loraplex's rules)."""
+    from app.engine.vllm_serving import engine_kwargs
 
-    engine = engine_config(cfg)
-    kw = engine_kwargs(engine)
-    for key in loraplex_engine_keys(engine):  # loraplex's scheduler and worker methods, not stock vLLM's
-        kw.pop(key, None)
-    if "additional_config" in engine.extra_engine_args:
-        kw["additional_config"] = engine.extra_engine_args["additional_config"]
+    kw = engine_kwargs(engine_config(cfg), loraplex_rules=False)
     if kw.get("disable_log_stats") is False:  # vLLM's default, and its server has no --no-disable-log-stats
         del kw["disable_log_stats"]
     return {k: v for k, v in kw.items() if k not in ("model", "served_model_name") and v is not None}

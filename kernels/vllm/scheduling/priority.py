@@ -26,6 +26,7 @@ class PreemptForPriority:
     """The rule of the module doc, mixed into vLLM's ``Scheduler`` / ``AsyncScheduler``."""
 
     preempt_margin: int = 0
+    priority_preemptions: int = 0  # preemptions this rule made
 
     def schedule(self, *args, **kwargs):
         if self.policy == SchedulingPolicy.PRIORITY:
@@ -45,7 +46,7 @@ class PreemptForPriority:
         if not self._adapter_fits(head, victim) or not can_preempt(self, victim):
             return
         preempt(self, victim)
-        self.priority_preemptions = getattr(self, "priority_preemptions", 0) + 1
+        self.priority_preemptions += 1
         logger.debug("preempted %s (priority %d) for %s (priority %d)", victim.request_id,
                      victim.priority, head.request_id, head.priority)
 

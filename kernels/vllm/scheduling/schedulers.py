@@ -21,7 +21,6 @@ class _LoraplexRules(PreemptForPriority, RotateAdapterSlots):
         if not hasattr(self, "_preempt_request"):
             raise UnsupportedVLLMError("this vLLM's scheduler has no _preempt_request")
         self.preempt_margin = settings.preempt_margin
-        self.priority_preemptions = 0
         if settings.slot_quantum_s is not None:
             self.slot_rotation = SlotRotation(settings.slot_quantum_s)
 

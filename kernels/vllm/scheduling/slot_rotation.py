@@ -39,12 +39,16 @@ class RotateAdapterSlots:
     def _rotate_slots(self) -> list:
         now = time.monotonic()
         rotation = self.slot_rotation
-        held = {lora_id(r) for r in self.running}
-        blocked = {lora_id(r) for r in waiting_requests(self) if r.status in WAITING_STATES}
+        slots = self.lora_config.max_loras
+        held = {lora_id(r) for r in self.running} - {0}
+        # a waiting adapter is blocked only while every slot is held: scan the queues only then
+        blocked = ({lora_id(r) for r in waiting_requests(self) if r.status in WAITING_STATES}
+                   if len(held) >= slots else ())
         rotation.observe(held, blocked, now)
-        adapter = rotation.yielding(self.lora_config.max_loras, now)
+        adapter = rotation.yielding(slots, now)
         if adapter is None:
             return []
+        held_s = now - rotation.held_since[adapter]
         leaving = [r for r in self.running if lora_id(r) == adapter]
         if not all(can_preempt(self, r) for r in leaving):
             return []
@@ -59,5 +63,5 @@ class RotateAdapterSlots:
         if self.policy == SchedulingPolicy.FCFS:
             held_out.sort(key=lambda r: r.arrival_time)
         logger.debug("adapter %d yielded its slot after %.2f s: %d requests preempted", adapter,
-                     rotation.quantum_s, len(leaving))
+                     held_s, len(leaving))
         return held_out
