@@ -165,7 +165,10 @@ class TenancyConfig(_Strict):
         1 / 32, gt=0, le=1, description="Tokens leased to a gateway replica at a time, as a fraction of the per-minute budget "
         "(replicas × this bounds the budget left unused on idle replicas).",
     )
-    spare_idle_s: float = Field(2.0, gt=0, description="Seconds a tenant may be idle on a gateway replica before its leased slots and tokens go back.")
+    spare_idle_s: float = Field(
+        30.0, gt=0, description="Seconds a tenant may be idle on a gateway replica before its leased slots and tokens go back "
+        "(another replica refused meanwhile recalls them at once; shorter: more requests wait on the ledger after a pause).",
+    )
 
 
 class AppConfig(_Strict):

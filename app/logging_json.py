@@ -37,6 +37,10 @@ class RequestLog(BaseModel):
     queue_s: float | None = Field(None, description="Gateway: arrival to dispatch to the engine.")
     duration_s: float | None = Field(None, description="Arrival to the last byte (gateway) or to the end (engine).")
     ttft_s: float | None = Field(None, description="Engine: arrival at the replica to the first generated token.")
+    to_engine_s: float | None = Field(None, description="Engine: arrival at the replica to vLLM's engine taking the "
+                                      "request (adapter made resident, body parsed, vLLM's serving layer).")
+    engine_queue_s: float | None = Field(None, description="Engine: queued in vLLM's scheduler until first scheduled.")
+    prefill_s: float | None = Field(None, description="Engine: first scheduled to the first generated token.")
     prompt_tokens: int | None = Field(None, description="Engine: prompt tokens.")
     generation_tokens: int | None = Field(None, description="Engine: generated tokens.")
 

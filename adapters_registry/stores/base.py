@@ -6,6 +6,7 @@ Layout (local directory and S3 alike)::
     <prefix>/<adapter_id>/<version>/adapter_model.safetensors
     <prefix>/<adapter_id>/<version>/manifest.json      # written last: its presence = version complete
     <prefix>/<adapter_id>/tombstone.json               # after a delete: last version number used
+    <prefix>/.changes                                  # a new random token after every publish and delete
 
 Versions count up from 1 and are never reused, even across delete and re-push, so a replica
 never mistakes new bytes for an old version it still holds. All methods are synchronous
@@ -15,8 +16,10 @@ never mistakes new bytes for an old version it still holds. All methods are sync
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
+import uuid
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import BinaryIO, Callable
@@ -31,7 +34,9 @@ from ..validation import ValidationLimits, check_id, inspect_adapter
 from ..verify import CHUNK, PART_BYTES, copy_verified, hash_file
 
 TOMBSTONE_NAME = "tombstone.json"
+CHANGES_NAME = ".changes"
 PUBLISH_ATTEMPTS = 8
+logger = logging.getLogger(__name__)
 
 
 def corrupt_error(manifest: AdapterManifest, name: str, why: str) -> AdapterInvalid:
@@ -75,6 +80,13 @@ class AdapterStore(ABC):
     @abstractmethod
     def _remove_version(self, adapter_id: str, version: int) -> None:
         """Make the version invisible first (manifest), then remove its files."""
+
+    @abstractmethod
+    def _read_changes(self) -> str | None:
+        """The change marker's token (None: never written)."""
+
+    @abstractmethod
+    def _write_changes(self, token: str) -> None: ...
 
     @abstractmethod
     def open_file(self, manifest: AdapterManifest, name: str) -> BinaryIO:
@@ -129,6 +141,7 @@ class AdapterStore(ABC):
                 )
                 try:
                     self._commit_version(adapter_id, version, files, manifest.to_json_bytes(), on_bytes)
+                    self._mark_changed()
                     return manifest
                 except AdapterConflict:
                     lost = version  # its manifest may not be visible yet: try the next number
@@ -170,7 +183,22 @@ class AdapterStore(ABC):
         self._write_tombstone(adapter_id, max(versions[-1], self._read_tombstone(adapter_id)))
         for v in versions:
             self._remove_version(adapter_id, v)
+        self._mark_changed()
         return versions
+
+    def change_marker(self) -> str | None:
+        """A token the store rewrites after every publish and delete has completed (None: none
+        written yet). Equal tokens from two reads mean no publish or delete completed between
+        them, so readers may keep what they read before the first one (``AdapterCatalog``)."""
+        return self._read_changes()
+
+    def _mark_changed(self) -> None:
+        """After a publish or delete. A failed write is logged, not raised: the change itself is
+        done, and readers re-read what they use within a bounded time without the marker."""
+        try:
+            self._write_changes(uuid.uuid4().hex)
+        except Exception as exc:
+            logger.warning("change marker of %s not written (readers see the change later): %r", self.uri, exc)
 
     def download_file(self, manifest: AdapterManifest, name: str, dest: Path) -> None:
         """Copy one file to ``dest`` verifying size and sha256 (:class:`AdapterInvalid` if corrupt).

@@ -21,6 +21,7 @@ from ..errors import AdapterConflict, AdapterNotFound, StoreUnavailable
 from ..manifest import MANIFEST_NAME, AdapterManifest
 from ..validation import check_id
 from .base import (
+    CHANGES_NAME,
     TOMBSTONE_NAME,
     AdapterStore,
     BytesDone,
@@ -75,6 +76,19 @@ class LocalAdapterStore(AdapterStore):
         tmp = d / f".tmp-{uuid.uuid4().hex}.json"
         tmp.write_text(json.dumps({"last_version": last_version}))
         os.replace(tmp, d / TOMBSTONE_NAME)
+
+    def _read_changes(self) -> str | None:
+        try:
+            return (self.root / CHANGES_NAME).read_text()
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise StoreUnavailable(f"local store {self.root}: change marker unreadable: {e}") from e
+
+    def _write_changes(self, token: str) -> None:
+        tmp = self.root / f".tmp-{uuid.uuid4().hex}"
+        tmp.write_text(token)
+        os.replace(tmp, self.root / CHANGES_NAME)
 
     def _commit_version(self, adapter_id: str, version: int, files: dict[str, Path], manifest: bytes,
                         on_bytes: BytesDone | None = None) -> None:

@@ -29,7 +29,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from ..errors import AdapterConflict, AdapterNotFound, RegistryError, StoreUnavailable
 from ..manifest import MANIFEST_NAME, AdapterManifest
-from .base import TOMBSTONE_NAME, AdapterStore, BytesDone, corrupt_error
+from .base import CHANGES_NAME, TOMBSTONE_NAME, AdapterStore, BytesDone, corrupt_error
 
 CLAIM_NAME = ".claim"
 NOT_FOUND = {"NoSuchKey", "404", "NotFound"}
@@ -155,6 +155,16 @@ class S3AdapterStore(AdapterStore):
                 Bucket=self.bucket, Key=self._key(adapter_id, TOMBSTONE_NAME),
                 Body=json.dumps({"last_version": last_version}).encode(),
             )
+
+    def _read_changes(self) -> str | None:
+        try:
+            return self._get_bytes(self._key(CHANGES_NAME), "change marker").decode()
+        except AdapterNotFound:
+            return None
+
+    def _write_changes(self, token: str) -> None:
+        with self._errors("writing the change marker"):
+            self.client.put_object(Bucket=self.bucket, Key=self._key(CHANGES_NAME), Body=token.encode())
 
     def _commit_version(self, adapter_id: str, version: int, files: dict[str, Path], manifest: bytes,
                         on_bytes: BytesDone | None = None) -> None:

@@ -233,8 +233,8 @@ def output_progress(output, delta: bool) -> OutputProgress:
 
     ``output.metrics`` is vLLM's ``RequestStateStats`` of the request (kept while stats are on,
     which the engine's stat loggers ensure): ``arrival_time`` (wall), ``first_token_latency``
-    (wall interval), ``num_generation_tokens``, ``first_token_ts`` / ``last_token_ts`` (engine
-    core, monotonic).
+    (wall interval), ``num_generation_tokens``, ``queued_ts`` / ``scheduled_ts`` / ``first_token_ts``
+    / ``last_token_ts`` (engine core, monotonic).
     """
     stats = output.metrics
     generated = stats.num_generation_tokens if stats is not None else 0
@@ -248,6 +248,9 @@ def output_progress(output, delta: bool) -> OutputProgress:
         first_token_wall=first_wall,
         first_token_ts=stats.first_token_ts if generated else 0.0,
         last_token_ts=stats.last_token_ts if generated else 0.0,
+        arrival_wall=stats.arrival_time if stats is not None else None,
+        queued_ts=stats.queued_ts if stats is not None else 0.0,
+        scheduled_ts=stats.scheduled_ts if stats is not None else 0.0,
     )
 
 

@@ -107,6 +107,11 @@ class Gateway:
         self.recorder = GatewayRecorder(self.cfg.observability)
         admin_routes.bind_gateway(self)
 
+    def __del__(self) -> None:
+        catalog = getattr(self, "catalog", None)
+        if catalog is not None:
+            catalog.close()
+
     # ---- routes -------------------------------------------------------------------------------
     @api.post("/v1/chat/completions", openapi_extra=openapi_body(ChatCompletionBody))
     async def chat(self, request: Request) -> Response:

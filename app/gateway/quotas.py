@@ -2,7 +2,7 @@
 
 Per tenant the replica holds concurrency slots and a token allowance leased from the ledger.
 A request takes its tokens and a slot from the lease; only when the lease has run out does it
-wait on the ledger (one remote call per lease, not per request). A slot freed by a request
+wait on the ledger (one remote call per lease, not per request; tokens and a slot in one call). A slot freed by a request
 stays leased here (the next request needs no call) until the tenant has been idle here for
 ``spare_idle_s`` or the ledger recalls it because another replica was refused; unspent tokens
 go back the same way. A background task syncs with the ledger every ``sync_interval_s`` while
@@ -48,7 +48,7 @@ def limits_of(tenant: Tenant) -> Limits:
 
 
 class TenantQuotas:
-    def __init__(self, ledger, gateway_id: str, sync_interval_s: float = 0.1, spare_idle_s: float = 2.0,
+    def __init__(self, ledger, gateway_id: str, sync_interval_s: float = 0.1, spare_idle_s: float = 30.0,
                  max_waiting: int = 64) -> None:
         self.ledger = ledger
         self.gateway_id = gateway_id
@@ -80,8 +80,12 @@ class TenantQuotas:
                               "lower max_tokens or the prompt", reason="request_too_large")
         lease = self._lease(tenant)
         if lease.tokens < n:
+            # The slot this request takes next comes in the same call when none is spare here.
+            slot = 1 if lease.in_use >= lease.held and not lease.live_waiters() else 0
             grant = await self.ledger.acquire(LeaseRequest(gateway=self.gateway_id, tenant=tenant.name,
-                                                           limits=lease.limits, tokens=n - lease.tokens))
+                                                           limits=lease.limits, tokens=n - lease.tokens,
+                                                           slots=slot))
+            lease.held += grant.slots  # a spare until acquire_slot takes it
             lease.tokens += grant.tokens
             if lease.tokens < n:
                 raise RateLimited(f"tenant {tenant.name!r} token budget exhausted; retry later",

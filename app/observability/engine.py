@@ -103,4 +103,5 @@ class EngineRequest:
                 adapter=self.meta.adapter, kind=self.kind, stream=self.stream, status=status,
                 replica=rec.replica, duration_s=time.monotonic() - self.started, ttft_s=self.ttft,
                 prompt_tokens=clock.prompt_tokens, generation_tokens=clock.output_tokens,
+                to_engine_s=clock.to_engine_s, engine_queue_s=clock.engine_queue_s, prefill_s=clock.prefill_s,
             ))

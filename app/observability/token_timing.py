@@ -29,6 +29,9 @@ class OutputProgress:
     first_token_wall: float | None  # wall time the replica processed the first token (None: not yet)
     first_token_ts: float  # engine-core time of the first token
     last_token_ts: float  # engine-core time of the latest token
+    arrival_wall: float | None = None  # wall time vLLM's engine took the request (None: not known)
+    queued_ts: float = 0.0  # engine-core time it entered the scheduler's queue (0: not known)
+    scheduled_ts: float = 0.0  # engine-core time it was first scheduled (0: not known)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +48,9 @@ class TokenClock:
 
     def __init__(self, started_wall: float) -> None:
         self.started_wall = started_wall
+        self.to_engine_s: float | None = None  # set with the first token, as are the next two
+        self.engine_queue_s: float | None = None
+        self.prefill_s: float | None = None
         self.prompt_tokens = 0
         self.output_tokens = 0
         self._first_seen = False
@@ -62,9 +68,19 @@ class TokenClock:
             self._first_seen = True
             ttft = max(0.0, p.first_token_wall - self.started_wall)
             self._counted, self._last_ts = 1, p.first_token_ts
+            self._split_first_token(p)
         new = p.generated - self._counted
         if new <= 0:
             return Step(ttft, 0.0, 0)
         itl = max(0.0, p.last_token_ts - self._last_ts) / new
         self._counted, self._last_ts = p.generated, p.last_token_ts
         return Step(ttft, itl, new)
+
+    def _split_first_token(self, p: OutputProgress) -> None:
+        """TTFT's parts where vLLM reported them: to the engine, queued, prefill."""
+        if p.arrival_wall:
+            self.to_engine_s = max(0.0, p.arrival_wall - self.started_wall)
+        if p.scheduled_ts:
+            if p.queued_ts:
+                self.engine_queue_s = max(0.0, p.scheduled_ts - p.queued_ts)
+            self.prefill_s = max(0.0, p.first_token_ts - p.scheduled_ts)

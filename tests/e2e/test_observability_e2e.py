@@ -301,6 +301,8 @@ def test_request_ids_reach_the_response_error_bodies_and_both_components_logs(se
     assert gw["duration_s"] >= gw["queue_s"] >= 0
     assert (en["tenant"], en["adapter"], en["status"], en["replica"]) == (ta, aid, 200, replica)
     assert 0 < en["ttft_s"] <= en["duration_s"] <= gw["duration_s"]
+    parts = [en["to_engine_s"], en["engine_queue_s"], en["prefill_s"]]  # TTFT's parts, vLLM's stamps
+    assert all(p >= 0 for p in parts) and sum(parts) <= en["ttft_s"] + 0.05, en
     assert (en["prompt_tokens"], en["generation_tokens"]) == (usage["prompt_tokens"], usage["completion_tokens"])
     stream_lines = _wait_for_lines(serve_stack, rid_stream, {"gateway", "engine"})
     assert sorted((line["component"], line["stream"], line["status"]) for line in stream_lines) == [

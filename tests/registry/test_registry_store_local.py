@@ -23,6 +23,7 @@ from adapters_registry.validation import ValidationLimits
 from adapters_registry.verify import sha256_file
 from benchmarks.synthetic_adapters import synthetic_adapter
 from tests.helpers.assets import tiny_assets
+from tests.helpers.change_marker import assert_marker_moves_on_every_change
 
 
 @pytest.fixture(scope="module")
@@ -68,6 +69,10 @@ def test_publish_get_list_versions(store, assets, base):
         store.get("acme-attn", 7)
     with pytest.raises(AdapterNotFound):
         store.get("nobody")
+
+
+def test_change_marker_moves_after_every_publish_and_delete(store, assets, base):
+    assert_marker_moves_on_every_change(store, assets["attn"], base)
 
 
 def test_other_tenant_cannot_take_an_id(store, assets, base):

@@ -16,6 +16,7 @@ from adapters_registry.verify import sha256_file
 from benchmarks.synthetic_adapters import synthetic_adapter
 from tests.helpers.aio import asynctest
 from tests.helpers.assets import tiny_assets
+from tests.helpers.change_marker import assert_marker_moves_on_every_change
 from tests.helpers.engines import RecordingEngine
 from tests.helpers.net import StallingProxy
 from tests.helpers.s3 import MotoS3
@@ -45,6 +46,10 @@ def s3_store(s3, bucket, **kw):
 
 def cache_files(cache):
     return {p for p in cache.root.rglob("*") if p.is_file()}
+
+
+def test_change_marker_moves_after_every_publish_and_delete(s3, bucket, base):
+    assert_marker_moves_on_every_change(s3_store(s3, bucket), tiny_assets()["attn"], base)
 
 
 def test_publish_get_list_delete(s3, bucket, base):

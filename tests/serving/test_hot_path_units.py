@@ -56,6 +56,34 @@ class CountingStore:
         return self.inner.list()
 
 
+class MarkedCountingStore(CountingStore):
+    """A real local store with its change marker, reads and marker reads counted."""
+
+    def __init__(self, inner) -> None:
+        super().__init__(inner)
+        self.marker_reads = 0
+
+    def change_marker(self):
+        self.marker_reads += 1
+        return self.inner.change_marker()
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def _reads_done(catalog) -> None:
+    for _ in range(500):
+        if not catalog._reads:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("store reads still running")
+
+
 @pytest.fixture
 def local_store(tmp_path, embedded_model_dir):
     from adapters_registry.manifest import BaseModelInfo
@@ -88,6 +116,55 @@ async def test_catalog_refreshes_in_the_background_within_the_ttl(local_store):
     assert catalog.dump(first) is catalog.dump(first) and catalog.dump(first)["version"] == 1
     with pytest.raises(AdapterNotFound):
         await catalog.get("no-such-adapter")
+
+
+@asynctest
+async def test_catalog_keeps_entries_past_the_ttl_while_the_change_marker_holds(local_store):
+    """A rarely called adapter: past the TTL, but the marker did not move, so no request waits for
+    a store read; a push moves the marker and the used entry is re-read in the background."""
+    store, folder, base = local_store
+    counting, clock = MarkedCountingStore(store), FakeClock()
+    catalog = AdapterCatalog(counting, ttl_s=1.0, refresh_after_s=3600.0, reread_after_s=100.0,
+                             keep_fresh_s=1000.0, clock=clock)
+    first = await catalog.get("hot-a")
+    assert counting.reads == 1
+    await catalog.refresh_once()  # the marker seen for the first time: the used entry re-read
+    await _reads_done(catalog)
+    assert counting.reads == 2 and counting.marker_reads == 1
+    for _ in range(3):  # 19 s between calls, as one of 8 adapters taking turns at c1
+        clock.now += 19.0
+        await catalog.refresh_once()  # (the background task runs it every refresh_after_s)
+        assert (await catalog.get("hot-a")).version == first.version
+    assert counting.reads == 2  # no request read the store
+    store.publish(folder, "hot-a", "acme", base)  # version 2: the marker moves
+    clock.now += 0.5
+    assert (await catalog.get("hot-a")).version == 1  # within the TTL of the last confirmation
+    await catalog.refresh_once()
+    await _reads_done(catalog)
+    assert (await catalog.get("hot-a")).version == 2 and counting.reads == 3
+    clock.now += 101.0  # the entry's read is older than reread_after_s: re-read once in the background
+    await catalog.refresh_once()
+    await _reads_done(catalog)
+    assert counting.reads == 4 and (await catalog.get("hot-a")).version == 2
+
+
+@asynctest
+async def test_catalog_entry_not_confirmed_by_the_marker_expires(local_store):
+    """An entry read before the marker run it would be extended by is not extended: past its TTL
+    the request reads the store again (and sees the new version)."""
+    store, folder, base = local_store
+    counting, clock = MarkedCountingStore(store), FakeClock()
+    catalog = AdapterCatalog(counting, ttl_s=1.0, refresh_after_s=3600.0, keep_fresh_s=5.0, clock=clock)
+    await catalog.refresh_once()  # marker M1 seen at t0
+    await catalog.get("hot-a")  # read at t0
+    clock.now += 10.0  # no longer hot (keep_fresh_s 5)
+    store.publish(folder, "hot-a", "acme", base)
+    await catalog.refresh_once()  # marker M2: cold entries are not re-read, and not extended
+    await _reads_done(catalog)
+    assert counting.reads == 1
+    clock.now += 0.1
+    await catalog.refresh_once()  # M2 again: the entry was read before M2 was first seen
+    assert (await catalog.get("hot-a")).version == 2 and counting.reads == 2
 
 
 @asynctest

@@ -48,6 +48,18 @@ def test_a_final_only_output_gives_the_requests_mean_interval_n_minus_1_times():
     assert again.itl_count == 0 and clock.output_tokens == 9  # cumulative counts are not added twice
 
 
+def test_the_first_token_splits_ttft_into_engine_arrival_queue_and_prefill():
+    clock = TokenClock(started_wall=100.0)
+    clock.update(OutputProgress(prompt_tokens=4, output_tokens=1, cumulative=False, generated=1,
+                                first_token_wall=100.3, first_token_ts=7.25, last_token_ts=7.25,
+                                arrival_wall=100.02, queued_ts=7.0, scheduled_ts=7.05))
+    assert clock.to_engine_s == pytest.approx(0.02)
+    assert clock.engine_queue_s == pytest.approx(0.05) and clock.prefill_s == pytest.approx(0.2)
+    later = TokenClock(started_wall=0.0)  # vLLM without the scheduler's timestamps: only TTFT
+    later.update(_progress(1, 3.0, 3.0, tokens=1, first_wall=0.5))
+    assert (later.to_engine_s, later.engine_queue_s, later.prefill_s) == (None, None, None)
+
+
 def test_label_caps_keep_the_first_names_and_count_the_rest_as_other():
     from app.observability.config import ObservabilityConfig
     from app.observability.labels import OTHER, UNKNOWN, Labels

@@ -126,3 +126,33 @@ async def test_steady_traffic_makes_no_ledger_call_per_request():
         await quotas.acquire_slot(tenant, 0)
         quotas.release_slot(tenant)
     assert CountingLedger.acquires <= 3  # one slot lease, token leases of 2000 (1/32 of the budget)
+
+
+@asynctest
+async def test_a_request_after_a_pause_waits_on_one_ledger_call_for_its_tokens_and_slot():
+    """Tokens and the slot come in one call when neither is leased here (the first request, or
+    the first after the tenant's lease went back); a spare left here needs none."""
+    class CountingLedger(LocalLedger):
+        acquires = 0
+
+        async def acquire(self, req):
+            CountingLedger.acquires += 1
+            return await super().acquire(req)
+
+    quotas = TenantQuotas(CountingLedger(), "g1", sync_interval_s=0.01, spare_idle_s=0.05)
+    tenant = Tenant(name="acme", max_concurrency=4, tokens_per_minute=64_000)
+
+    async def one_request() -> None:
+        await quotas.take_tokens(tenant, 3000)  # above one token lease: a call each time
+        await quotas.acquire_slot(tenant, 0)
+        quotas.release_slot(tenant)
+
+    await one_request()
+    assert CountingLedger.acquires == 1 and quotas.held("acme")["held"] == 1
+    for _ in range(100):  # idle past spare_idle_s: the sync gives the slot and tokens back
+        await asyncio.sleep(0.02)
+        if not quotas.held("acme").get("held"):
+            break
+    assert not quotas.held("acme").get("held")
+    await one_request()
+    assert CountingLedger.acquires == 2
