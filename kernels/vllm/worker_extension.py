@@ -6,14 +6,22 @@
 path — loraplex's, and triton_kernels' MXFP4 GEMM and routing variants that the expert-LoRA
 path launches instead of the fused base path — compile before the replica takes traffic, not in
 the first mixed step of each token-count class with an adapter (every stream of the batch stalls
-for the compile). Touches ``GPUModelRunner._dummy_run`` (``num_active_loras``, ``remove_lora``)
-and the worker's LoRA manager, as the releases of ``kernels.vllm.versions`` have them.
+for the compile). Touches ``GPUModelRunner._dummy_run`` (``num_active_loras``, ``remove_lora``),
+its ``input_ids`` buffer and the worker's LoRA manager, as the releases of
+``kernels.vllm.versions`` have them.
+
+The dummy forwards read whatever the input buffer holds (zeros at start): identical tokens send
+every token to the same experts, and the MoE kernels' launch heuristics, which size blocks from
+per-expert token counts, then compile the variants of that skew, not those of served batches.
+The buffer is filled with random ids first, so the dummy steps route like traffic.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+
+import torch
 
 from kernels.vllm.versions import require_any
 
@@ -37,6 +45,7 @@ class LoraplexWorkerExtension:
         if manager.list_adapters():
             raise RuntimeError("LoRA shape warm-up: adapters are registered already; it runs before any is")
         seconds = []
+        randomize_input_ids(runner)
         try:
             for n in counts:
                 t0 = time.perf_counter()
@@ -45,3 +54,13 @@ class LoraplexWorkerExtension:
         finally:
             manager.remove_all_adapters()
         return seconds
+
+
+def randomize_input_ids(runner) -> None:
+    """Random ids over the model's vocabulary in ``runner.input_ids`` (a ``CpuGpuBuffer``'s
+    ``gpu`` tensor, or a tensor); the next real step overwrites them."""
+    buf = runner.input_ids
+    ids = getattr(buf, "gpu", buf)
+    if not isinstance(ids, torch.Tensor):
+        raise RuntimeError(f"LoRA shape warm-up: the model runner's input_ids is a {type(buf).__name__}")
+    ids.random_(0, runner.model_config.get_vocab_size())

@@ -1,0 +1,120 @@
+"""Where a served request's time to first token goes, per phase of a ``benchmarks.gpu_stack`` run:
+the gateway's and the engine replica's request log lines (``app.logging_json.RequestLog``, joined
+by request id) read beside the phases of the run's report.
+
+Per measured request: ``gateway queue`` (arrival at the gateway to dispatch: tenant, catalog,
+admission, fair-share queue), ``to engine`` (arrival at the engine replica to vLLM's engine taking
+it: adapter resident, body parsed, vLLM's serving layer), ``engine queue`` (vLLM's scheduler queue
+to first scheduled), ``prefill`` (first scheduled to the first token) and the replica's TTFT; the
+client's TTFT from the report beside them. What the client saw beyond the gateway queue plus the
+replica's TTFT is the HTTP path outside both (proxy, ASGI, the first chunk's relay).
+
+Lines are matched to phases by order: the run sends its phases one after another (each phase's
+warm-up requests first, then its measured ones), then its cold starts (two requests each); the
+lines before them (readiness probes, the shape sweep) are skipped.
+
+    python -m benchmarks.profiling.request_hops LOG REPORT [--system loraplex]
+
+``LOG``: the loraplex server log (``loraplex/loraplex.log`` of the run's ``server-logs.tgz``);
+``REPORT``: the run's ``gpu_stack.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+COLD_START_REQUESTS = 2  # the cold request and the warm one after it
+
+
+class Hop(BaseModel):
+    """One request's TTFT parts, seconds (None: not logged)."""
+
+    started: float = Field(description="Unix time the gateway took the request.")
+    gateway_queue: float | None
+    to_engine: float | None
+    engine_queue: float | None
+    prefill: float | None
+    engine_ttft: float | None
+
+
+def read_hops(log: Path) -> list[Hop]:
+    """Requests with both a gateway and an engine line, in the order the gateway took them."""
+    lines: dict[str, dict[str, dict]] = {}
+    with log.open(errors="replace") as f:
+        for line in f:
+            at = line.find('{"ts"')
+            if at < 0:
+                continue
+            try:
+                rec = json.loads(line[at:])
+            except ValueError:
+                continue
+            if rec.get("component") in ("gateway", "engine") and rec.get("request_id"):
+                lines.setdefault(rec["request_id"], {})[rec["component"]] = rec
+    hops = []
+    for pair in lines.values():
+        gw, en = pair.get("gateway"), pair.get("engine")
+        if gw is None or en is None:
+            continue
+        hops.append(Hop(started=gw["ts"] - (gw.get("duration_s") or 0.0), gateway_queue=gw.get("queue_s"),
+                        to_engine=en.get("to_engine_s"), engine_queue=en.get("engine_queue_s"),
+                        prefill=en.get("prefill_s"), engine_ttft=en.get("ttft_s")))
+    return sorted(hops, key=lambda h: h.started)
+
+
+def phase_slices(system: dict, total: int) -> list[tuple[str, slice, list[float]]]:
+    """``(phase, its measured requests' slice of the hops, the client's TTFTs in ms)``, aligned
+    from the end of the log (cold starts last)."""
+    end = total - COLD_START_REQUESTS * len(system.get("cold_starts") or [])
+    out = []
+    for phase in reversed(system.get("phases") or []):
+        result = phase.get("result") or {}
+        records = result.get("records") or []
+        measured = slice(end - len(records), end)
+        out.append((phase["name"], measured, [r["ttft_ms"] for r in records if r.get("ttft_ms") is not None]))
+        end = measured.start - (phase.get("warmup_requests") or 0)
+    if end < 0:
+        raise SystemExit(f"the log has {total} requests, fewer than the report's phases sent")
+    return out[::-1]
+
+
+def p50_ms(values) -> float | None:
+    kept = [v for v in values if v is not None]
+    return round(statistics.median(kept) * 1e3, 1) if kept else None
+
+
+def table(hops: list[Hop], system: dict) -> str:
+    head = ("| phase | requests | client TTFT | gateway queue | to engine | engine queue | prefill | replica TTFT | "
+            "client − (gateway queue + replica TTFT) |\n|---|---|---|---|---|---|---|---|---|")
+    rows = [head]
+    for name, measured, client in phase_slices(system, len(hops)):
+        part = hops[measured]
+        client_p50 = round(statistics.median(client), 1) if client else None
+        q, ttft = p50_ms(h.gateway_queue for h in part), p50_ms(h.engine_ttft for h in part)
+        outside = round(client_p50 - q - ttft, 1) if None not in (client_p50, q, ttft) else None
+        cells = [client_p50, q, p50_ms(h.to_engine for h in part), p50_ms(h.engine_queue for h in part),
+                 p50_ms(h.prefill for h in part), ttft, outside]
+        rows.append(f"| {name} | {len(part)} | " + " | ".join("–" if c is None else f"{c}" for c in cells) + " |")
+    return "\n".join(rows) + "\n(p50 of each column over the phase's measured requests, ms)"
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("log", type=Path, help="loraplex server log with the request log lines")
+    ap.add_argument("report", type=Path, help="the run's gpu_stack.json")
+    ap.add_argument("--system", default="loraplex")
+    args = ap.parse_args(argv)
+    report = json.loads(args.report.read_text())
+    system = next((s for s in report["systems"] if s["system"] == args.system), None)
+    if system is None:
+        raise SystemExit(f"{args.system} is not in {args.report}")
+    print(table(read_hops(args.log), system))
+
+
+if __name__ == "__main__":
+    main()
