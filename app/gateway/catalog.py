@@ -12,8 +12,9 @@ since an entry was read, nothing that entry could show has changed, so the entry
 small read per interval keeps every entry, whatever their number. When the marker changes, the
 entries used in the last ``keep_fresh_s`` are re-read in the background and the rest age out. An
 entry is also re-read in the background once its read is ``reread_after_s`` old, which bounds
-staleness if a marker write failed. Stores without a marker: a hit older than ``refresh_after_s``
-is served at once and starts a background read of that id (stale-while-revalidate within the TTL).
+staleness if a marker write failed. Stores without a marker (nothing published since it was
+introduced): a hit older than ``refresh_after_s`` is served at once and starts a background read
+of that id (stale-while-revalidate within the TTL).
 
 While the store is unavailable or slower than ``stale_wait_s``, the last manifest read is served
 (logged), so adapters keep being served during a store outage; only ids never read answer 503.
@@ -69,7 +70,7 @@ class AdapterCatalog:
         if hit is not None:
             at, manifest = hit
             if manifest is not None and now - at < self.ttl_s:
-                if not self._has_marker and now - at >= self.refresh_after_s:
+                if self._marker is None and now - at >= self.refresh_after_s:
                     self._start_read(adapter_id)  # in the background: this request does not wait
                 return manifest
             if manifest is None and now - at < self.negative_ttl_s:

@@ -47,6 +47,22 @@ def test_rotation_goes_round_robin_over_the_adapters_in_demand():
     assert 2 * 9 <= r.rotations <= 2 * 12
 
 
+def test_the_freed_slot_goes_to_the_adapter_blocked_longest():
+    r = SlotRotation(quantum_s=1.0)
+    r.observe(held=[1, 2], blocked=[4], now=0.0)
+    r.observe(held=[1, 2], blocked=[4, 3], now=0.5)
+    assert r.yielding(slots=2, now=1.0) == 1
+    assert r.taker(1) == 4  # blocked since 0.0, 3 only since 0.5
+    r.yielded(1, now=1.0)
+    r.observe(held=[2, 4], blocked=[3, 1], now=1.1)
+    assert r.yielding(slots=2, now=1.1) == 2 and r.taker(2) == 3  # then 1, which yielded last
+    r.yielded(2, now=1.1)
+    r.observe(held=[4, 3], blocked=[2, 1], now=1.2)
+    assert r.taker(4) == 1  # blocked since 1.0, 2 since 1.1
+    r.blocked_since.clear()
+    assert r.taker(1) is None
+
+
 def test_a_held_adapter_keeps_its_start_while_held_and_restarts_after_a_break():
     r = SlotRotation(quantum_s=1.0)
     r.observe(held=[1, 2], blocked=[], now=0.0)

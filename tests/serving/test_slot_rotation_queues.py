@@ -41,7 +41,8 @@ class _Scheduler(RotateAdapterSlots, _Step):
 
 
 def _request(rid: str, adapter: int, arrival: float) -> Request:
-    lora = LoRARequest(f"a{adapter}", adapter, "/nonexistent")
+    """A request of ``adapter`` (0: the base model)."""
+    lora = LoRARequest(f"a{adapter}", adapter, "/nonexistent") if adapter else None
     return Request(rid, [1, 2, 3], SamplingParams(max_tokens=8), None, arrival_time=arrival, lora_request=lora)
 
 
@@ -62,6 +63,35 @@ def test_the_holder_yields_and_its_requests_stay_out_for_one_step(skipped_layout
     # after the step adapter 1's requests wait again, behind b, in arrival order
     assert [r.request_id for r in s.waiting] == (["a1", "a2"] if skipped_layout else ["b", "a1", "a2"])
     assert s.slot_rotation.rotations == 1
+
+
+@pytest.mark.parametrize("policy", [SchedulingPolicy.FCFS, SchedulingPolicy.PRIORITY])
+@pytest.mark.parametrize("skipped_layout", [False, True], ids=["vllm-0.32-layout", "vllm-0.24-layout"])
+def test_the_freed_slot_goes_to_the_adapter_blocked_longest_whatever_the_queue_order(skipped_layout, policy):
+    """Adapter 3 was blocked first; adapter 2's request comes first in the queue (earlier arrival,
+    better priority). The step after adapter 1 yields sees adapter 3's request only (and the base
+    model's), so 3 takes the slot; 2 and 1 rejoin after the step."""
+    s = _Scheduler(skipped_layout)
+    s.policy = policy
+    s.waiting = create_request_queue(policy)
+    if skipped_layout:
+        s.skipped_waiting = create_request_queue(policy)
+    held, late, early, base = (_request("held", 1, 0.0), _request("late", 2, 0.1), _request("early", 3, 0.3),
+                               _request("base", 0, 0.4))
+    late.priority = -5  # the queue's order would pick adapter 2
+    held.status = RequestStatus.RUNNING
+    s.running.append(held)
+    queue = s.skipped_waiting if skipped_layout else s.waiting
+    early.status = late.status = base.status = RequestStatus.WAITING
+    queue.add_request(early)
+    s.schedule()  # adapter 3 blocked from here
+    queue.add_request(late)
+    s.waiting.add_request(base)
+    seen = s.schedule()  # adapter 1 yields: its slot goes to 3
+    assert held.status == RequestStatus.PREEMPTED and s.slot_rotation.rotations == 1
+    assert sorted(seen["waiting"] + seen["skipped"]) == ["base", "early"]
+    after = sorted(r.request_id for q in (s.waiting, getattr(s, "skipped_waiting", [])) for r in q)
+    assert after == ["base", "early", "held", "late"]  # nothing lost: all wait again after the step
 
 
 def test_nothing_yields_while_nothing_is_blocked():

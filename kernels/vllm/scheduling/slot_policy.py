@@ -6,7 +6,9 @@ demand than slots, a request waits a whole generation (seconds), however short i
 bounds that wait: once every slot is held and requests of another adapter wait, the adapter that
 has held its slot longest yields it after holding it ``quantum_s`` — its requests go back to the
 waiting queue behind the ones already there, and resume where they stopped when a slot comes
-back to them (round robin over the adapters in demand, one quantum each).
+back to them — and the blocked adapter that has waited longest takes the freed slot (round robin
+over the adapters in demand, one quantum each, whatever the queue's own order: under the
+priority policy a blocked adapter's requests could otherwise be passed over again and again).
 
 Invariants: an adapter yields only after holding its slot for ``quantum_s`` without a break; at
 most one adapter yields per step; nothing yields while a slot is free or nothing is blocked.
@@ -42,6 +44,12 @@ class SlotRotation:
             return None
         adapter, since = min(self.held_since.items(), key=lambda item: item[1])
         return adapter if now - since >= self.quantum_s else None
+
+    def taker(self, yielding: int) -> int | None:
+        """The blocked adapter that has waited longest (ties: the lowest id), other than
+        ``yielding``: the one the slot ``yielding`` frees goes to."""
+        waited = [(since, a) for a, since in self.blocked_since.items() if a != yielding]
+        return min(waited)[1] if waited else None
 
     def yielded(self, adapter: int, now: float) -> None:
         """``adapter``'s requests left the batch at ``now``: it waits like any blocked adapter."""

@@ -2,11 +2,12 @@
 
 Before each step the running and ready waiting requests' adapters go to ``SlotRotation``; when
 it names an adapter to yield, every running request of that adapter is preempted through
-vLLM's ``_preempt_request``, and for this step the adapter's waiting requests are held out of
-the waiting queue, so the freed slot goes to a blocked adapter instead of straight back. After
-the step they rejoin the waiting queue: at its end first come, first served (behind the adapters
-that waited before them, which vLLM 0.24 keeps in a queue it serves first), by their own
-priority under the priority policy.
+vLLM's ``_preempt_request``, and for this step the waiting requests of that adapter and of every
+other blocked adapter but the policy's taker (the one blocked longest) are held out of the
+waiting queues, so the freed slot goes to the taker: not straight back, and not to whichever
+blocked request the queue's order puts first. After the step they rejoin the waiting queue: at
+its end first come, first served, by their own priority under the priority policy. Requests of
+the base model and of adapters in a slot are never held out.
 """
 
 from __future__ import annotations
@@ -54,14 +55,16 @@ class RotateAdapterSlots:
             return []
         for r in leaving:
             preempt(self, r)
+        taker = rotation.taker(adapter)
         rotation.yielded(adapter, now)
+        hold = set(rotation.blocked_since) - {taker}  # the yielding adapter is blocked now
         held_out = []
         for queue in waiting_queues(self):
-            mine = [r for r in queue if lora_id(r) == adapter]
+            mine = [r for r in queue if lora_id(r) in hold]
             queue.remove_requests(mine)
             held_out += mine
         if self.policy == SchedulingPolicy.FCFS:
             held_out.sort(key=lambda r: r.arrival_time)
-        logger.debug("adapter %d yielded its slot after %.2f s: %d requests preempted", adapter,
-                     held_s, len(leaving))
+        logger.debug("adapter %d yielded its slot to adapter %s after %.2f s: %d requests preempted", adapter,
+                     taker, held_s, len(leaving))
         return held_out
