@@ -63,12 +63,22 @@ GATEWAY_HEADER = "x-loraplex-gateway"  # which gateway replica answered
 # routes see) when the class is decorated.
 
 
+def _prompt_estimate(prompt: Any) -> int:
+    """Tokens of a prompt: token ids count one each; text and anything else ~4 characters a token."""
+    if isinstance(prompt, list) and prompt:
+        if all(type(t) is int for t in prompt):
+            return len(prompt)
+        if all(isinstance(p, list) and all(type(t) is int for t in p) for p in prompt):
+            return sum(len(p) for p in prompt)
+    return len(prompt) // 4 if isinstance(prompt, str) else len(json.dumps(prompt)) // 4
+
+
 def _estimate_tokens(body: dict[str, Any], fields: GatewayFields) -> int:
-    """Rough upper estimate for budgets: ~4 characters a token for the prompt, plus max_tokens
-    for each of the ``n`` completions."""
+    """Rough upper estimate for budgets: the prompt's tokens (``_prompt_estimate``), plus
+    max_tokens for each of the ``n`` completions."""
     prompt = body.get("messages") if "messages" in body else body.get("prompt")
     max_tokens = fields.max_completion_tokens or fields.max_tokens or DEFAULT_MAX_TOKENS
-    return len(json.dumps(prompt)) // 4 + max(1, fields.n or 1) * max(0, max_tokens)
+    return _prompt_estimate(prompt) + max(1, fields.n or 1) * max(0, max_tokens)
 
 
 def _replica_identity() -> tuple[str, str | None]:

@@ -52,10 +52,17 @@ def parse_object(raw: bytes) -> dict[str, Any]:
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
-    where = unpaired_surrogate(body)
+    where = unpaired_surrogate(body) if may_hold_surrogates(raw) else None
     if where is not None:
         raise BadRequest(f"request body has an unpaired UTF-16 surrogate in {where}: send valid Unicode text")
     return body
+
+
+def may_hold_surrogates(raw: bytes) -> bool:
+    """Whether ``json.loads(raw)`` can hold a UTF-16 surrogate: only through a ``\\uD800``–
+    ``\\uDFFF`` escape, or the UTF-8 bytes of one (0xED 0xA0–0xBF), which ``json.loads`` passes
+    through. A body of token ids has neither, and skips the walk over every element."""
+    return b"\\ud" in raw or b"\\uD" in raw or b"\xed" in raw
 
 
 def unpaired_surrogate(value: Any) -> str | None:
