@@ -28,11 +28,17 @@ PROXIES: tuple[Proxy, ...] = ("haproxy", "python")
 DRAINING_PERIOD_S = "5"
 
 
-def free_port() -> int:
-    """A TCP port free on this machine now."""
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct TCP ports free on this machine now (all held while picked: a port closed
+    and asked for again can come back)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def serve_env(env: dict[str, str], proxy: Proxy) -> tuple[dict[str, str], Path | None]:
@@ -47,9 +53,9 @@ def serve_env(env: dict[str, str], proxy: Proxy) -> tuple[dict[str, str], Path |
         out.setdefault("RAY_SERVE_THROUGHPUT_OPTIMIZED", "1")
         out.setdefault("RAY_SERVE_HAPROXY_CONFIG_FILE_LOC", str(run_dir / "haproxy.cfg"))
         out.setdefault("RAY_SERVE_HAPROXY_SOCKET_PATH", str(run_dir / "admin.sock"))
-        out.setdefault("RAY_SERVE_HAPROXY_METRICS_PORT", str(free_port()))
-        out.setdefault("RAY_SERVE_HAPROXY_STATS_PORT", str(free_port()))
-        out.setdefault("RAY_SERVE_FALLBACK_PROXY_HTTP_PORT", str(free_port()))
-        out.setdefault("RAY_SERVE_FALLBACK_PROXY_GRPC_PORT", str(free_port()))
+        ports = free_ports(4)
+        for name, port in zip(("RAY_SERVE_HAPROXY_METRICS_PORT", "RAY_SERVE_HAPROXY_STATS_PORT",
+                               "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT", "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT"), ports):
+            out.setdefault(name, str(port))
         out.setdefault("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", DRAINING_PERIOD_S)
     return out, run_dir
