@@ -3,9 +3,9 @@
 Per tenant the replica holds concurrency slots and a token allowance leased from the ledger.
 A request takes its tokens and a slot from the lease; only when the lease has run out does it
 wait on the ledger (one remote call per lease, not per request; tokens and a slot in one call).
-A slot freed by a request stays leased here (the next request needs no call) until the tenant has been idle here for
-``spare_idle_s`` or the ledger recalls it because another replica was refused; unspent tokens
-go back the same way. A background task syncs with the ledger every ``sync_interval_s`` while
+A slot freed by a request stays leased here (the next request needs no call) until the tenant
+has been idle here for ``spare_idle_s`` or the ledger recalls it because another replica was
+refused; unspent tokens go back the same way. A background task syncs with the ledger every ``sync_interval_s`` while
 anything is held (this is also the lease's heartbeat).
 
 A tenant at its concurrency cap waits for a slot up to ``wait_s`` (first come, first served
