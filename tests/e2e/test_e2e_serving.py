@@ -229,7 +229,10 @@ def test_adapter_affinity_keeps_an_adapter_on_the_replica_holding_it(serve_stack
     live = [v["replica"] for v in replica_probe.replicas() if v.get("engine_alive")]
     assert len(live) == 2, f"expected two live engine replicas, saw {live}"
     replicas = [completion_replica(serve_stack, "globex", "globex-legal") for _ in range(16)]
-    assert len(set(replicas)) == 1 and replicas[0] in live, replicas
+    if len(set(replicas)) != 1 or replicas[0] not in live:
+        views = [{k: v.get(k) for k in ("replica", "slots", "engine_requests", "engine_alive")}
+                 for v in replica_probe.replicas()]
+        pytest.fail(f"globex-legal went to {' '.join(replicas)}; live {live}; replicas now: {views}")
 
 
 def test_sequential_base_requests_are_packed_onto_one_replica(serve_stack):
