@@ -86,6 +86,7 @@ class TenantQuotas:
                                                            limits=lease.limits, tokens=n - lease.tokens,
                                                            slots=slot))
             lease.held += grant.slots  # a spare until acquire_slot takes it
+            self._serve_waiters(lease)  # unless a request that came meanwhile waits for one
             lease.tokens += grant.tokens
             if lease.tokens < n:
                 raise RateLimited(f"tenant {tenant.name!r} token budget exhausted; retry later",
@@ -103,6 +104,7 @@ class TenantQuotas:
         lease = self._lease(tenant)
         deadline = time.monotonic() + wait_s
         while True:
+            self._serve_waiters(lease)
             if lease.in_use < lease.held and not lease.live_waiters():
                 lease.in_use += 1
                 return
@@ -110,8 +112,11 @@ class TenantQuotas:
                                                            limits=lease.limits, slots=1))
             if grant.slots:
                 lease.held += grant.slots
-                lease.in_use += 1
-                return
+                if lease.live_waiters():  # they came first: this one queues behind them
+                    self._serve_waiters(lease)
+                else:
+                    lease.in_use += 1
+                    return
             left = deadline - time.monotonic()
             if left <= 0 or lease.live_waiters() >= self.max_waiting:
                 raise RateLimited(
@@ -147,6 +152,15 @@ class TenantQuotas:
         if lease is not None:
             lease.last_active = time.monotonic()
             self._hand_over_or_free(lease)
+
+    @staticmethod
+    def _serve_waiters(lease: _Lease) -> None:
+        """Spare slots (leased, unused) go to the waiting requests first, in arrival order."""
+        while lease.in_use < lease.held and lease.waiters:
+            fut = lease.waiters.popleft()
+            if not fut.done():
+                lease.in_use += 1
+                fut.set_result(True)
 
     @staticmethod
     def _hand_over_or_free(lease: _Lease) -> None:

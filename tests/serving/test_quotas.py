@@ -156,3 +156,42 @@ async def test_a_request_after_a_pause_waits_on_one_ledger_call_for_its_tokens_a
     assert not quotas.held("acme").get("held")
     await one_request()
     assert CountingLedger.acquires == 2
+
+
+@asynctest
+async def test_a_slot_leased_while_requests_wait_goes_to_the_first_of_them():
+    """A request's tokens-and-slot call can return after others started waiting at the cap: the
+    slot it brings goes to the first waiter at once, not left spare until a release (the waiters'
+    own polls come every 2 x sync_interval_s, here 2 s)."""
+    class SlowFirstReply(LocalLedger):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gate, self.calls = asyncio.Event(), 0
+
+        async def acquire(self, req):
+            self.calls += 1
+            grant = await super().acquire(req)
+            if self.calls == 1:
+                await self.gate.wait()  # the ledger decided; its reply is late
+            return grant
+
+    ledger = SlowFirstReply()
+    quotas = TenantQuotas(ledger, "g1", sync_interval_s=1.0)
+    tenant = Tenant(name="acme", max_concurrency=1, tokens_per_minute=64_000)
+
+    async def admitted(name: str) -> str:
+        await quotas.take_tokens(tenant, 10)
+        await quotas.acquire_slot(tenant, wait_s=5)
+        return name
+
+    first = asyncio.create_task(admitted("first"))  # its call takes the only slot, replies late
+    await asyncio.sleep(0.05)
+    second = asyncio.create_task(admitted("second"))  # tokens come, the slot is refused: waits
+    await asyncio.sleep(0.05)
+    assert not second.done() and quotas.held("acme")["held"] == 0
+    ledger.gate.set()
+    done, _ = await asyncio.wait({first, second}, timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
+    assert [t.result() for t in done] == ["second"]  # it waited first; "first" now waits behind it
+    held = quotas.held("acme")
+    assert (held["held"], held["in_use"]) == (1, 1)  # the cap: one slot, in use
+    first.cancel()
