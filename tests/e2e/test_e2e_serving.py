@@ -222,17 +222,29 @@ def completion_replica(stack, tenant: str, model: str, max_tokens: int = 1) -> s
     return r.headers["x-loraplex-replica"]
 
 
-def test_adapter_affinity_keeps_an_adapter_on_the_replica_holding_it(serve_stack, replica_probe):
+def test_adapter_affinity_keeps_an_adapter_on_the_replica_holding_it(serve_stack, replica_probe,
+                                                                     demo_adapter_sources, embedded_model_dir):
     """Both engine replicas are up and serving (their residency answers through Ray, engines
-    alive), yet 16 requests for one adapter stay on the replica that holds it; Serve's default
-    router would spread them over the two (all on one replica by chance: p = 2^-15)."""
+    alive), yet 16 requests for an adapter stay on the one replica that loaded it; Serve's default
+    router would spread them over the two (all on one replica by chance: p = 2^-15). The adapter is
+    published for this test, so no replica holds it before (an adapter both hold may rightly go
+    to either: holders rank oldest first)."""
+    from adapters_registry.manifest import BaseModelInfo
+    from adapters_registry.stores import open_store
+
     live = [v["replica"] for v in replica_probe.replicas() if v.get("engine_alive")]
     assert len(live) == 2, f"expected two live engine replicas, saw {live}"
-    replicas = [completion_replica(serve_stack, "globex", "globex-legal") for _ in range(16)]
-    if len(set(replicas)) != 1 or replicas[0] not in live:
-        views = [{k: v.get(k) for k in ("replica", "slots", "engine_requests", "engine_alive")}
-                 for v in replica_probe.replicas()]
-        pytest.fail(f"globex-legal went to {' '.join(replicas)}; live {live}; replicas now: {views}")
+    store = open_store(serve_stack.store_uri, serve_stack.s3_endpoint)
+    store.publish(demo_adapter_sources["globex-legal"], "globex-affinity", "globex",
+                  BaseModelInfo.from_model_dir(embedded_model_dir))
+    try:
+        replicas = [completion_replica(serve_stack, "globex", "globex-affinity") for _ in range(16)]
+        if len(set(replicas)) != 1 or replicas[0] not in live:
+            views = [{k: v.get(k) for k in ("replica", "slots", "engine_requests", "engine_alive")}
+                     for v in replica_probe.replicas()]
+            pytest.fail(f"globex-affinity went to {' '.join(replicas)}; live {live}; replicas now: {views}")
+    finally:
+        store.delete("globex-affinity")
 
 
 def test_sequential_base_requests_are_packed_onto_one_replica(serve_stack):
