@@ -138,6 +138,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-routing-check", action="store_true",
                     help="skip the engine alone's routing check (the same weights give the same routing: "
                          "an earlier run on this model measured it)")
+    ap.add_argument("--staggered-starts", action="store_true",
+                    help="each measured phase's workers start spread over one request (worker k once the first "
+                         "request has produced k/concurrency of its tokens) instead of together, so prompts arrive "
+                         "spread, not in synchronized waves whose shape decides TTFT (benchmarks.loadgen.closed_loop)")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and its estimate only")
     return ap
 
@@ -182,6 +186,9 @@ def merge_reports(earlier: StackReport, later: StackReport, plan_name: str | Non
     if earlier.plan.get("name") != later.plan.get("name") or earlier.plan.get("model") != later.plan.get("model"):
         raise SystemExit(f"--merge: the earlier run is plan {earlier.plan.get('name')!r} on {earlier.plan.get('model')!r}, "
                          f"this one {later.plan.get('name')!r} on {later.plan.get('model')!r}")
+    starts = {p.result.spec.staggered_starts for r in (earlier, later) for s in r.systems for p in s.phases}
+    if len(starts) > 1:
+        raise SystemExit("--merge: one run started its workers staggered and the other together: not comparable")
     runs = {s.system: s for s in earlier.systems} | {s.system: s for s in later.systems}
     systems = tuple(s for s in SYSTEMS if s in runs)
     plan = build_plan(plan_name or later.plan["name"], model, systems)
@@ -235,7 +242,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = host_config(assets, workdir, store.uri, store.endpoint, tenants, None)
         ctx = Context(plan=plan, workdir=workdir, assets=assets, serve_config=workdir / "loraplex-h200.yaml",
                       serve_cfg=cfg, engine_args={}, store=store, keys=keys, adapters={}, vocab=vocab,
-                      special=special, host=report.host, timeout_s=args.timeout)
+                      special=special, host=report.host, timeout_s=args.timeout,
+                      staggered_starts=args.staggered_starts)
         try:
             write_local_adapters(ctx)
             # loraplex's pushes run while its engine starts (runner.run_server_block): what they
@@ -250,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.engine_set:
                 apply_engine_settings(engine, args.engine_set)
                 report.notes.append("engine settings of every system: " + ", ".join(f"{k}={v}" for k, v in args.engine_set))
+            if args.staggered_starts:
+                report.notes.append("measured phases: workers started staggered over one request")
             if args.loraplex_topology:
                 ctx.serve_cfg["applications"][0]["args"]["topology"] = args.loraplex_topology
                 report.notes.append(f"loraplex topology: {args.loraplex_topology}")

@@ -78,6 +78,7 @@ class Context:
     special: list[int]
     host: dict[str, str]
     timeout_s: float
+    staggered_starts: bool = False  # measured phases' workers start spread (benchmarks.loadgen.closed_loop)
     pushes: list[PushRecord] = field(default_factory=list)
     # loraplex's adapters pushed to the store: run while its engine starts (None once done)
     push_job: Callable[[Context], None] | None = None
@@ -95,9 +96,9 @@ def load_specs(ctx: Context, phase: PhaseSpec, target: TargetSpec) -> tuple[Load
                        endpoint="completions", input_len=phase.input_len, output_len=phase.output_len,
                        temperature=TEMPERATURE, concurrency=phase.concurrency, num_requests=phase.requests,
                        warmup_requests=0, vocab_size=ctx.vocab, exclude_token_ids=ctx.special, seed=seed,
-                       timeout_s=ctx.timeout_s)
+                       timeout_s=ctx.timeout_s, staggered_starts=ctx.staggered_starts)
     warm = measure.model_copy(update={"output_len": WARMUP_TOKENS, "num_requests": phase.warmup,
-                                      "popularity": "round-robin", "seed": seed + 1})
+                                      "popularity": "round-robin", "seed": seed + 1, "staggered_starts": False})
     return warm, measure
 
 

@@ -9,6 +9,7 @@ import time
 
 import httpx
 
+from benchmarks.loadgen.closed_loop import run_workers
 from benchmarks.loadgen.spec import LoadResult, LoadSpec, RequestRecord
 from benchmarks.loadgen.sse import (
     ERROR_BODY_CHARS,
@@ -22,14 +23,14 @@ from benchmarks.progress import progress_bar
 
 
 async def send_one(client: httpx.AsyncClient, spec: LoadSpec, phase: str, index: int,
-                   adapter: str | None, t_phase: float) -> RequestRecord:
-    """Sends one streaming request and measures it."""
+                   adapter: str | None, t_phase: float, state: StreamState | None = None) -> RequestRecord:
+    """Sends one streaming request and measures it (its chunks into ``state`` when given)."""
     model = spec.target.model_name(adapter)
     body = request_body(spec, model, phase, index)
     key = spec.target.key_for(adapter, index)
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     path = "/v1/completions" if spec.endpoint == "completions" else "/v1/chat/completions"
-    state = StreamState(spec.endpoint)
+    state = state if state is not None else StreamState(spec.endpoint)
     t_send = time.perf_counter()
     rec = RequestRecord(index=index, adapter=adapter, model=model, start_s=t_send - t_phase, status=None,
                         ok=False, expected_output_tokens=spec.output_len)
@@ -51,23 +52,17 @@ async def send_one(client: httpx.AsyncClient, spec: LoadSpec, phase: str, index:
 # ---- phases ----------------------------------------------------------------------------------
 async def closed_loop(client: httpx.AsyncClient, spec: LoadSpec, phase: str,
                       models: list[str | None]) -> tuple[list[RequestRecord], float]:
-    """``spec.concurrency`` workers send the requests of ``models`` one after another; the
-    records in index order and the wall time from the first send to the last end."""
-    jobs = iter(enumerate(models))
-    records: list[RequestRecord] = []
+    """``spec.concurrency`` workers send the requests of ``models`` one after another
+    (``closed_loop.run_workers``); the records in index order and the wall time."""
     bar = progress_bar(len(models), f"{phase} c={spec.concurrency}")
-    t0 = time.perf_counter()
 
-    async def worker() -> None:
-        for index, adapter in jobs:
-            records.append(await send_one(client, spec, phase, index, adapter, t0))
-            bar.update()
+    async def send(index: int, adapter: str | None, t0: float, state: StreamState | None) -> RequestRecord:
+        return await send_one(client, spec, phase, index, adapter, t0, state)
 
     try:
-        await asyncio.gather(*(worker() for _ in range(min(spec.concurrency, len(models)))))
+        return await run_workers(spec, models, send, on_record=lambda _: bar.update())
     finally:
         bar.close()
-    return sorted(records, key=lambda r: r.index), time.perf_counter() - t0
 
 
 async def run_load(spec: LoadSpec) -> LoadResult:

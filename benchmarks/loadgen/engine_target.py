@@ -18,13 +18,13 @@ the plugin switch and the CPU KV-cache size set as the replica sets them).
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import os
 import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.loadgen.closed_loop import run_workers
 from benchmarks.loadgen.spec import LoadResult, LoadSpec, RequestRecord
 from benchmarks.loadgen.sse import ERROR_BODY_CHARS, StreamState, finish_record
 from benchmarks.loadgen.stats import aggregate
@@ -74,12 +74,12 @@ class EngineTarget:
                               temperature=spec.temperature, output_kind=RequestOutputKind.DELTA)
 
     async def send_one(self, spec: LoadSpec, phase: str, index: int, adapter: str | None,
-                       t_phase: float) -> RequestRecord:
-        """One request, measured from submission to its last output."""
+                       t_phase: float, state: StreamState | None = None) -> RequestRecord:
+        """One request, measured from submission to its last output (its outputs into ``state`` when given)."""
         model = spec.target.model_name(adapter)
         prompt = {"prompt_token_ids": prompt_ids(spec, phase, index)}
         sampling = self._sampling(spec)
-        state = StreamState(spec.endpoint)
+        state = state if state is not None else StreamState(spec.endpoint)
         t_send = time.perf_counter()
         rec = RequestRecord(index=index, adapter=adapter, model=model, start_s=t_send - t_phase, status=None,
                             ok=False, expected_output_tokens=spec.output_len)
@@ -93,6 +93,7 @@ class EngineTarget:
                 k = len(out.outputs[0].token_ids)
                 if k:
                     tokens += k
+                    state.tokens_seen = tokens
                     state.times.append(t)
                     state.cumulative.append(tokens)
         except Exception as exc:  # noqa: BLE001 - recorded as the request's failure
@@ -108,16 +109,11 @@ class EngineTarget:
         """As ``client.closed_loop``: ``spec.concurrency`` workers, records in index order, wall time."""
         if spec.endpoint != "completions":
             raise ValueError("the in-process target runs the completions workload (token-id prompts) only")
-        jobs = iter(enumerate(models))
-        records: list[RequestRecord] = []
-        t0 = time.perf_counter()
 
-        async def worker() -> None:
-            for index, adapter in jobs:
-                records.append(await self.send_one(spec, phase, index, adapter, t0))
+        async def send(index: int, adapter: str | None, t0: float, state: StreamState | None) -> RequestRecord:
+            return await self.send_one(spec, phase, index, adapter, t0, state)
 
-        await asyncio.gather(*(worker() for _ in range(min(spec.concurrency, len(models)))))
-        return sorted(records, key=lambda r: r.index), time.perf_counter() - t0
+        return await run_workers(spec, models, send)
 
     async def run_load(self, spec: LoadSpec) -> LoadResult:
         """Warm-up (every model in turn, not counted), then the measured closed loop."""

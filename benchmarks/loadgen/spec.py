@@ -52,6 +52,10 @@ class LoadSpec(BaseModel):
     output_len: int = Field(ge=1, description="Output tokens of every request (ignore_eos, min_tokens = max_tokens).")
     temperature: float = Field(0.0, ge=0, description="Sampling temperature.")
     concurrency: int = Field(ge=1, description="Closed-loop workers.")
+    staggered_starts: bool = Field(
+        False, description="Workers start spread over one request (worker k once the first request has produced "
+        "k/concurrency of its tokens), not together: arrivals spread instead of in waves "
+        "(benchmarks.loadgen.closed_loop).")
     num_requests: int = Field(ge=1, description="Measured requests.")
     warmup_requests: int = Field(0, ge=0, description="Requests before the measured ones, not counted.")
     vocab_size: int = Field(ge=2, description="Prompt token ids are drawn below this.")

@@ -213,6 +213,26 @@ def _phase(system: str, plan, ttft: float, itl: float, tpot: float, rate: float)
                                          aggregate=agg))
 
 
+def test_runs_that_started_their_workers_differently_do_not_merge():
+    """Staggered starts change what TTFT measures (no synchronized waves): one table may not mix them."""
+    from benchmarks.gpu_stack import merge_reports
+    from benchmarks.gpu_stack_parts.models import SystemRun
+
+    plan = build_plan("default", "gptoss-mxfp4")
+    together = _phase("vllm-base", plan, 50.0, 10.0, 10.5, 90.0)
+    staggered = _phase("loraplex", plan, 50.0, 10.0, 10.5, 90.0)
+    staggered.result.spec.staggered_starts = True
+    earlier = StackReport(date="a", command="x", plan=plan.model_dump(), estimate_s=0,
+                          systems=[SystemRun(system="vllm-base", label="a", phases=[together])])
+    later = StackReport(date="b", command="y", plan=plan.model_dump(), estimate_s=0,
+                        systems=[SystemRun(system="loraplex", label="d", phases=[staggered])])
+    with pytest.raises(SystemExit, match="staggered"):
+        merge_reports(earlier, later, None, "gptoss-mxfp4")
+    together.result.spec.staggered_starts = True
+    merged, _ = merge_reports(earlier, later, None, "gptoss-mxfp4")
+    assert [s.system for s in merged.systems] == ["vllm-base", "loraplex"]
+
+
 def test_the_decode_step_is_the_median_gap_between_tokens_not_tpot():
     """A stall (a compile, a prefill in the batch) lifts TPOT; the decode-step target reads ITL p50."""
     from benchmarks.gpu_stack_parts.models import SystemRun
