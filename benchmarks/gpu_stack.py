@@ -74,6 +74,7 @@ from benchmarks.gpu_stack_parts.serve_config import (
     stock_engine_args,
     write_yaml,
 )
+from benchmarks.stacks.engine_settings import apply_engine_settings, engine_setting
 
 PUSH_BATCH = 8
 PUSH_WORKERS = 4  # pushes at once while the plan's adapters are prepared (a cold start's runs alone)
@@ -89,27 +90,6 @@ def _sizes(text: str) -> list[int]:
     if not sizes or sizes[0] < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: at least one batch size, each >= 1")
     return sizes
-
-
-def _engine_setting(text: str) -> tuple[str, object]:
-    import yaml
-
-    key, sep, value = text.partition("=")
-    if not sep or not key.strip():
-        raise argparse.ArgumentTypeError(f"{text!r}: KEY=VALUE, e.g. max_lora_rank=32")
-    return key.strip(), yaml.safe_load(value)
-
-
-def apply_engine_settings(engine: dict, settings: list[tuple[str, object]]) -> None:
-    """``settings`` into a Serve config's engine section: EngineConfig's own fields at its top,
-    anything else among the vLLM arguments passed unchanged (``extra_engine_args``)."""
-    from app.config import EngineConfig
-
-    for key, value in settings:
-        if key in EngineConfig.model_fields and key != "extra_engine_args":
-            engine[key] = value
-        else:
-            engine.setdefault("extra_engine_args", {})[key] = value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -128,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--cudagraph-capture-sizes", type=_sizes, default=None, metavar="N,N,...",
                     help="vLLM's CUDA graph batch sizes for every system (default: vLLM's, 35 sizes up to 2x "
                          "max_num_seqs; fewer sizes start each engine faster, the same on every system)")
-    ap.add_argument("--engine-set", action="append", default=[], type=_engine_setting, metavar="KEY=VALUE",
+    ap.add_argument("--engine-set", action="append", default=[], type=engine_setting, metavar="KEY=VALUE",
                     help="an engine setting for every system (repeatable; VALUE read as YAML): a field of loraplex's "
                     "engine section (app.config.EngineConfig, e.g. max_lora_rank=32) or else a vLLM engine argument "
                     "(extra_engine_args, e.g. enable_prefix_caching=false)")

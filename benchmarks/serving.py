@@ -30,7 +30,9 @@ Set up with ``bash scripts/setup.sh --bench`` (ray.serve.llm's imports beside th
         [--concurrency 1,8] [--json out.json] [--plot out.png] [--loraplex-checkout NAME=DIR ...]
 
 ``--loraplex-topology NAME=colocated`` runs loraplex server NAME with gateway and engine in one
-replica (``app.colocated``). ``--loraplex-proxy NAME=python`` runs loraplex server NAME with Serve's Python proxy instead of
+replica (``app.colocated``). ``--loraplex-engine NAME=KEY=VALUE`` changes one engine setting of
+loraplex server NAME (e.g. ``max_loras=2``, ``slot_quantum_s=0.5``: slot rotation against none,
+with a checkout of this one as the second server). ``--loraplex-proxy NAME=python`` runs loraplex server NAME with Serve's Python proxy instead of
 HAProxy (its start time, ``ready_s`` in the JSON, is printed for each server). ``--loraplex-checkout NAME=DIR`` adds a loraplex server named NAME that runs the code of another
 checkout (e.g. the baseline of a change: ``git archive main | tar -x -C DIR``), started after the
 servers of ``--servers``, with the same home, adapters and workload: a change and its baseline
@@ -64,6 +66,7 @@ from benchmarks.loadgen.report import print_failures, print_table, write_plot
 from benchmarks.loadgen.spec import BenchReport, LoadSpec, TargetSpec
 from benchmarks.loadgen.sse import chunk_text, sse_events
 from benchmarks.loadgen.workload import model_sequence, model_vocab, request_body
+from benchmarks.stacks.engine_settings import apply_engine_settings, engine_setting
 from benchmarks.stacks.stock_plugin import DEFAULT_STOCK_PLUGINS
 
 SERVERS = ("vllm", "ray-app", "ray-llm", "loraplex")
@@ -154,10 +157,11 @@ def make_launcher(kind: str, workdir: Path, home: Path, folders: dict[str, Path]
 
     built = {a: f for a, f in folders.items() if a != DEMO_ADAPTER}
     name, checkout = (kind, None) if kind == "loraplex" else (kind, args.checkouts[kind])
-    topology = args.topologies.get(kind)
+    update: dict[str, Any] = {"topology": args.topologies[kind]} if kind in args.topologies else {}
+    if kind in args.engines:
+        update["engine"] = args.engines[kind]
     return LoraplexServer(workdir, home, ENGINE_ARGS, adapters=[DEMO_ADAPTER], publish=built, tenant=TENANT,
-                          name=name, checkout=checkout, proxy=args.proxies.get(kind),
-                          args_update={"topology": topology} if topology else None)
+                          name=name, checkout=checkout, proxy=args.proxies.get(kind), args_update=update or None)
 
 
 # ---- outputs -------------------------------------------------------------------------------
@@ -322,7 +326,27 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--loraplex-topology", action="append", default=[], metavar="NAME=TOPOLOGY",
                     help="the app's `topology` (split, colocated) for the loraplex server NAME "
                          "(default: the config's, split)")
+    ap.add_argument("--loraplex-engine", action="append", default=[], metavar="NAME=KEY=VALUE",
+                    help="an engine setting of the loraplex server NAME over the shared ones (repeatable; VALUE "
+                         "read as YAML): a field of app.config.EngineConfig (e.g. slot_quantum_s=0.5) or else a "
+                         "vLLM engine argument")
     return ap
+
+
+def engine_overrides(specs: list[str], kinds: list[str]) -> dict[str, dict]:
+    """``--loraplex-engine NAME=KEY=VALUE`` options as {NAME: engine section update}; exits on a
+    NAME not among the run's loraplex servers or a setting without ``=``."""
+    out: dict[str, dict] = {}
+    loraplex_servers = [k for k in kinds if k == "loraplex" or k not in SERVERS]
+    for spec in specs:
+        name, sep, setting = spec.partition("=")
+        if not sep or name not in loraplex_servers:
+            raise SystemExit(f"--loraplex-engine {spec!r}: want NAME=KEY=VALUE for a loraplex server of this run")
+        try:
+            apply_engine_settings(out.setdefault(name, {}), [engine_setting(setting)])
+        except argparse.ArgumentTypeError as exc:
+            raise SystemExit(f"--loraplex-engine {spec!r}: {exc}") from None
+    return out
 
 
 def _per_server(specs: list[str], choices: tuple[str, ...], flag: str, kinds: list[str]) -> dict[str, str]:
@@ -350,6 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     kinds += list(args.checkouts)
     args.proxies = _per_server(args.loraplex_proxy, PROXIES, "--loraplex-proxy", kinds)
     args.topologies = _per_server(args.loraplex_topology, TOPOLOGIES, "--loraplex-topology", kinds)
+    args.engines = engine_overrides(args.loraplex_engine, kinds)
     args.concurrency = [int(c) for c in args.concurrency.split(",") if c.strip()]
     args.stock_plugins = None if args.stock_plugins == "all" else [p for p in args.stock_plugins.split(",") if p]
     from app.embedded.setup import init, model_dir

@@ -319,7 +319,8 @@ def test_a_cold_starts_load_split_comes_from_the_load_histograms_per_tier(monkey
 def test_engine_settings_reach_every_systems_engine_arguments(tmp_path):
     """--engine-set: an EngineConfig field lands at the engine section's top, anything else among
     the vLLM arguments; the stock servers' arguments (derived from that section) carry both."""
-    from benchmarks.gpu_stack import apply_engine_settings, build_parser
+    from benchmarks.gpu_stack import build_parser
+    from benchmarks.stacks.engine_settings import apply_engine_settings
     from benchmarks.gpu_stack_parts.assets import ModelAssets
     from benchmarks.gpu_stack_parts.serve_config import host_config, stock_engine_args
 
