@@ -5,12 +5,13 @@ A request takes its tokens and a slot from the lease; only when the lease has ru
 wait on the ledger (one remote call per lease, not per request; tokens and a slot in one call).
 A slot freed by a request stays leased here (the next request needs no call) until the tenant
 has been idle here for ``spare_idle_s`` or the ledger recalls it because another replica was
-refused; unspent tokens go back the same way. A background task syncs with the ledger every ``sync_interval_s`` while
-anything is held (this is also the lease's heartbeat).
+refused; unspent tokens go back the same way. A background task syncs with the ledger every
+``sync_interval_s`` while anything is held (this is also the lease's heartbeat).
 
 A tenant at its concurrency cap waits for a slot up to ``wait_s`` (first come, first served
-among its requests, at most ``max_waiting`` of them) before ``RateLimited`` (429); an exhausted
-budget is ``RateLimited`` at once, with ``Retry-After`` from the ledger's bucket.
+among its requests, at most ``max_waiting`` of them: a slot released or leased while they wait
+goes to the first of them) before ``RateLimited`` (429); an exhausted budget is ``RateLimited``
+at once, with ``Retry-After`` from the ledger's bucket.
 """
 
 from __future__ import annotations
