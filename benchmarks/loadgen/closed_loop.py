@@ -29,7 +29,6 @@ class StaggeredStarts:
     """The start gate of ``workers`` closed-loop workers (see the module doc)."""
 
     def __init__(self, workers: int, output_len: int, endpoint: str = "completions", poll_s: float = 0.002) -> None:
-        self.workers = workers
         self.tokens_per_turn = output_len / max(1, workers)
         self.poll_s = poll_s
         self.pacer = StreamState(endpoint)  # worker 0's first request fills it
