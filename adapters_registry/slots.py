@@ -76,6 +76,8 @@ class Slot:
     request: Any = None
     path: Path | None = None
     ready: asyncio.Future | None = None
+    load_steps: dict[str, float] | None = None  # seconds of its load: disk (victim unregistered first), checks, add_lora
+    loaded_at: float | None = None  # time.monotonic() when its load ended
 
     @property
     def loaded(self) -> bool:
@@ -165,9 +167,15 @@ class AdapterSlots:
         When every row is busy, waits up to ``acquire_timeout_s`` for one to become idle, then
         raises :class:`SlotsExhausted` (503 with a retry hint).
         """
+        async with self.use_slot(store, manifest) as slot:
+            yield slot.request
+
+    @contextlib.asynccontextmanager
+    async def use_slot(self, store: AdapterStore, manifest: AdapterManifest) -> AsyncIterator[Slot]:
+        """:meth:`use`, yielding the row (its ``load_steps`` say what a load this request waited for cost)."""
         slot = await self._acquire(store, manifest)
         try:
-            yield slot.request
+            yield slot
         finally:
             self._release(slot)
 
@@ -248,12 +256,14 @@ class AdapterSlots:
             if victim is not None:
                 await self._unregister(victim)
             path = await self.cache.ensure_local(store, slot.manifest, pin=True)
+            t_disk = time.perf_counter()
             if self.base is not None or self.max_lora_rank is not None:
                 try:
                     await asyncio.to_thread(self._check_before_load, slot.manifest, path)
                 except BaseException:
                     self.cache.unpin(slot.manifest)
                     raise
+            t_check = time.perf_counter()
             try:
                 request = self.request_factory(slot.manifest, slot.lora_int_id, path)
                 ok = await self.engine.add_lora(request)
@@ -269,7 +279,10 @@ class AdapterSlots:
                     raise AdapterInvalid(f"the engine refused {name}: {e}") from e
                 raise AdapterLoadFailed(f"the engine failed to register {name}: {type(e).__name__}: {e}") from e
             slot.request, slot.path = request, path
-            self.observer.loaded("engine", time.perf_counter() - t0)
+            t_end = time.perf_counter()
+            slot.load_steps = {"disk_s": t_disk - t0, "checks_s": t_check - t_disk, "add_lora_s": t_end - t_check}
+            slot.loaded_at = time.monotonic()
+            self.observer.loaded("engine", t_end - t0)
             self._report_residency()
         except BaseException as e:
             if self._table.get(name) is slot:

@@ -41,6 +41,10 @@ class RequestLog(BaseModel):
                                       "request (adapter made resident, body parsed, vLLM's serving layer).")
     engine_queue_s: float | None = Field(None, description="Engine: queued in vLLM's scheduler until first scheduled.")
     prefill_s: float | None = Field(None, description="Engine: first scheduled to the first generated token.")
+    adapter_load: dict[str, float] | None = Field(
+        None, description="Engine: the adapter load this request waited for, seconds per step: disk_s (download and "
+        "verify, or a disk-cache hit; an evicted adapter unregistered first), checks_s (validation against this "
+        "engine), add_lora_s (vLLM registering it).")
     prompt_tokens: int | None = Field(None, description="Engine: prompt tokens.")
     generation_tokens: int | None = Field(None, description="Engine: generated tokens.")
 

@@ -175,17 +175,21 @@ class EngineServer:
             raise ExpertLoraUnsupported(manifest.adapter_id, self.expert_lora_refusal)
 
     @asynccontextmanager
-    async def _adapter(self, manifest: AdapterManifest | None):
-        """Yields the engine-side model name for the request, pinning the adapter meanwhile."""
+    async def _adapter(self, manifest: AdapterManifest | None, obs=None):
+        """Yields the engine-side model name for the request, pinning the adapter meanwhile; a
+        load the request waited for goes into its log record (``obs``)."""
         if manifest is None:
             yield self.cfg.engine.served_model_name
             return
         self._check_applicable(manifest)
+        arrived = time.monotonic()
         if self._newest_version.get(manifest.adapter_id, 0) < manifest.version:
             self._newest_version[manifest.adapter_id] = manifest.version
             await self.slots.retire(manifest.adapter_id, keep_version=manifest.version)
-        async with self.slots.use(self.store, manifest) as lora_request:
-            yield lora_request.lora_name
+        async with self.slots.use_slot(self.store, manifest) as slot:
+            if obs is not None and slot.loaded_at is not None and slot.loaded_at >= arrived:
+                obs.adapter_load = slot.load_steps
+            yield slot.request.lora_name
 
     def _parse(self, kind: Kind, body: dict[str, Any], model_name: str, request_id: str | None = None, ticket=None):
         cls = self.chat_request_cls if kind == "chat" else self.completion_request_cls
@@ -239,7 +243,7 @@ class EngineServer:
         try:
             if self._vllm.engine_dead(self.serving):
                 raise self._engine_unavailable()
-            async with self._adapter(self.manifests.get(manifest)) as model_name:
+            async with self._adapter(self.manifests.get(manifest), obs) as model_name:
                 request, handler = self._parse(kind, body, model_name, obs and obs.meta.request_id, ticket)
                 request.stream = False
                 with self.recorder.bind(obs):
@@ -278,7 +282,7 @@ class EngineServer:
         try:
             if self._vllm.engine_dead(self.serving):
                 raise self._engine_unavailable()
-            async with self._adapter(self.manifests.get(manifest)) as model_name:
+            async with self._adapter(self.manifests.get(manifest), obs) as model_name:
                 request, handler = self._parse(kind, body, model_name, obs and obs.meta.request_id, ticket)
                 with self.recorder.bind(obs):
                     result = await handler(request, None)

@@ -65,7 +65,7 @@ class EngineRecorder:
 class EngineRequest:
     """One request on the replica: its tags, token clock and outcome (recorded once)."""
 
-    __slots__ = ("rec", "meta", "kind", "stream", "tags", "clock", "started", "ttft", "_finished")
+    __slots__ = ("rec", "meta", "kind", "stream", "tags", "clock", "started", "ttft", "adapter_load", "_finished")
 
     def __init__(self, rec: EngineRecorder, meta: RequestMeta, kind: str, stream: bool) -> None:
         self.rec = rec
@@ -77,6 +77,7 @@ class EngineRequest:
         self.clock = TokenClock(time.time())
         self.started = time.monotonic()
         self.ttft: float | None = None
+        self.adapter_load: dict[str, float] | None = None  # the adapter load this request waited for, if any
         self._finished = False
 
     def on_output(self, progress: OutputProgress) -> None:
@@ -104,4 +105,5 @@ class EngineRequest:
                 replica=rec.replica, duration_s=time.monotonic() - self.started, ttft_s=self.ttft,
                 prompt_tokens=clock.prompt_tokens, generation_tokens=clock.output_tokens,
                 to_engine_s=clock.to_engine_s, engine_queue_s=clock.engine_queue_s, prefill_s=clock.prefill_s,
+                adapter_load=self.adapter_load,
             ))

@@ -7,7 +7,8 @@ admission, fair-share queue), ``to engine`` (arrival at the engine replica to vL
 it: adapter resident, body parsed, vLLM's serving layer), ``engine queue`` (vLLM's scheduler queue
 to first scheduled), ``prefill`` (first scheduled to the first token) and the replica's TTFT; the
 client's TTFT from the report beside them. What the client saw beyond the gateway queue plus the
-replica's TTFT is the HTTP path outside both (proxy, ASGI, the first chunk's relay).
+replica's TTFT is the HTTP path outside both (proxy, ASGI, the first chunk's relay). Then every
+request that waited for its adapter's load, with the load's steps.
 
 Lines are matched to phases by order: the run sends its phases one after another (each phase's
 warm-up requests first, then its measured ones), then its cold starts (two requests each); the
@@ -40,6 +41,8 @@ class Hop(BaseModel):
     engine_queue: float | None
     prefill: float | None
     engine_ttft: float | None
+    adapter: str | None = None
+    adapter_load: dict[str, float] | None = Field(None, description="The adapter load the request waited for.")
 
 
 def read_hops(log: Path) -> list[Hop]:
@@ -63,7 +66,8 @@ def read_hops(log: Path) -> list[Hop]:
             continue
         hops.append(Hop(started=gw["ts"] - (gw.get("duration_s") or 0.0), gateway_queue=gw.get("queue_s"),
                         to_engine=en.get("to_engine_s"), engine_queue=en.get("engine_queue_s"),
-                        prefill=en.get("prefill_s"), engine_ttft=en.get("ttft_s")))
+                        prefill=en.get("prefill_s"), engine_ttft=en.get("ttft_s"), adapter=en.get("adapter"),
+                        adapter_load=en.get("adapter_load")))
     return sorted(hops, key=lambda h: h.started)
 
 
@@ -103,6 +107,18 @@ def table(hops: list[Hop], system: dict) -> str:
     return "\n".join(rows) + "\n(p50 of each column over the phase's measured requests, ms)"
 
 
+def loads_table(hops: list[Hop]) -> str:
+    """Every request that waited for its adapter's load (first uses, cold starts), in order."""
+    rows = ["| adapter | disk (download, verify) | checks | add_lora | to engine | replica TTFT |",
+            "|---|---|---|---|---|---|"]
+    for h in hops:
+        if h.adapter_load:
+            cells = [h.adapter_load.get("disk_s"), h.adapter_load.get("checks_s"), h.adapter_load.get("add_lora_s"),
+                     h.to_engine, h.engine_ttft]
+            rows.append(f"| {h.adapter} | " + " | ".join("–" if c is None else f"{c * 1e3:.1f}" for c in cells) + " |")
+    return "\n".join(rows) + "\n(ms)" if len(rows) > 2 else "(no request waited for an adapter load)"
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("log", type=Path, help="loraplex server log with the request log lines")
@@ -113,7 +129,10 @@ def main(argv: list[str] | None = None) -> None:
     system = next((s for s in report["systems"] if s["system"] == args.system), None)
     if system is None:
         raise SystemExit(f"{args.system} is not in {args.report}")
-    print(table(read_hops(args.log), system))
+    hops = read_hops(args.log)
+    print(table(hops, system))
+    print()
+    print(loads_table(hops))
 
 
 if __name__ == "__main__":

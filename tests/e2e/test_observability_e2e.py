@@ -313,6 +313,25 @@ def test_request_ids_reach_the_response_error_bodies_and_both_components_logs(se
     assert marker not in log and key not in log  # prompts and keys are never logged
 
 
+def test_the_request_that_waited_for_an_adapter_load_logs_its_steps(serve_stack, drive, embedded_model_dir,
+                                                                      tmp_path):
+    (ta,) = [t for t in drive.tenants if t.startswith("obs-a-")]
+    fresh = f"obs-cold-{uuid.uuid4().hex[:6]}"
+    _publish(serve_stack, embedded_model_dir, tmp_path, fresh, ta, "experts", 606)
+    rids = [f"obs-rid-{uuid.uuid4().hex[:8]}" for _ in range(2)]
+    for rid in rids:
+        r, _ = _send(serve_stack, drive.tenants[ta], "chat", _body("chat", fresh, 4), {"x-request-id": rid})
+        assert r.status_code == 200, r.text
+    cold, warm = (next(line for line in _wait_for_lines(serve_stack, rid, {"engine"}) if line["component"] == "engine")
+                  for rid in rids)
+    steps = cold["adapter_load"]
+    assert set(steps) == {"disk_s", "checks_s", "add_lora_s"} and all(v >= 0 for v in steps.values()), cold
+    assert steps["disk_s"] > 0 and steps["add_lora_s"] > 0
+    assert sum(steps.values()) <= cold["to_engine_s"] + 0.05, cold  # the load is part of reaching the engine
+    if warm["replica"] == cold["replica"]:  # the holder: nothing loaded for it
+        assert "adapter_load" not in warm, warm
+
+
 def test_the_tenant_port_serves_no_metrics(serve_stack, drive):
     names = [*drive.tenants, *drive.adapters.values(), "acme", "globex", "acme-support", "globex-legal", "acme-experts"]
     for headers in ({}, {"Authorization": f"Bearer {next(iter(drive.tenants.values()))}"}, serve_stack.headers("operator")):

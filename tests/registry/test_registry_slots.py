@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from pathlib import Path
 
 import pytest
@@ -244,3 +245,32 @@ async def test_the_router_sees_which_adapters_are_in_use_and_how_many_rows_it_co
     slots.pin  # operator pins count as in use for loading
     await slots.pin(store, ms[2])
     assert slots.loadable_slots == 2 and slots.active() == []
+
+
+class _SlowAddEngine(RecordingEngine):
+    """``add_lora`` takes ``add_s``: the load's steps must put that time under add_lora."""
+
+    def __init__(self, capacity: int, add_s: float):
+        super().__init__(capacity)
+        self.add_s = add_s
+
+    async def add_lora(self, req) -> bool:
+        await asyncio.sleep(self.add_s)
+        return await super().add_lora(req)
+
+
+@asynctest
+async def test_a_load_records_its_steps_on_the_row_and_a_hit_finds_them_older_than_itself(store, base, tmp_path):
+    (m,) = publish_n(store, base, tmp_path, 1)
+    engine = _SlowAddEngine(2, add_s=0.2)
+    slots = AdapterSlots(engine, AdapterCache(tmp_path / "cache", 10**9), 2)
+    t0 = asyncio.get_running_loop().time()
+    async with slots.use_slot(store, m) as slot:
+        steps = dict(slot.load_steps)
+        assert set(steps) == {"disk_s", "checks_s", "add_lora_s"}
+        assert 0.2 <= steps["add_lora_s"] < 0.2 + 0.1 and steps["disk_s"] > 0
+        assert sum(steps.values()) <= asyncio.get_running_loop().time() - t0
+        loaded_at = slot.loaded_at
+    arrived = time.monotonic()
+    async with slots.use_slot(store, m) as again:
+        assert again is slot and again.loaded_at == loaded_at < arrived  # a hit: no load to report

@@ -1,0 +1,114 @@
+"""Where the host time of vLLM's ``add_lora`` of a large adapter goes: vLLM 0.24's worker-side
+steps timed one by one on one adapter folder (its files in the page cache, as the disk cache
+leaves them).
+
+1. ``read``: ``LoRAModel.from_local_checkpoint`` on the CPU (vLLM's own: safetensors read, dtype);
+2. ``restack``: 3-D expert tensors reshaped to ``(experts, rank, in)`` / ``(experts, out, rank)``,
+   the ops of ``LoRAModelManager._stack_moe_lora_weights`` (a method of a live manager, so its
+   tensor ops are repeated here);
+3. ``scale``: ``LoRALayerWeights.optimize`` (vLLM's own: the scaling folded into B);
+4. ``pin``: ``pin_memory()`` of every tensor, as the manager does when CUDA is present;
+5. ``h2d``: every tensor copied into a GPU buffer of its shape (what activating it in a slot
+   moves), synchronised.
+
+    python -m benchmarks.profiling.lora_load FOLDER [--reps 3] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+STEPS = ("read", "restack", "scale", "pin", "h2d")
+
+
+def _modules(path: Path) -> set[str]:
+    """The module suffixes the adapter's tensors name (vLLM's expected-modules check)."""
+    from safetensors import safe_open
+
+    with safe_open(str(path / "adapter_model.safetensors"), framework="pt") as f:
+        names = list(f.keys())
+    out = set()
+    for n in names:
+        stem = n.split(".lora_")[0].removesuffix(".base_layer")
+        out.add("experts" if ".experts" in stem else stem.rsplit(".", 1)[-1])
+    return out
+
+
+def _restack(lora, num_experts: int) -> None:
+    """vLLM 0.24's 3-D expert reshapes on this model's loras (same ops, same order)."""
+    for name in [n for n in lora.loras if n.endswith(".experts")]:
+        down, gate_up = lora.loras[name], lora.loras.get(name + ".base_layer")
+        for w in (gate_up, down):
+            if w is None:
+                continue
+            w.lora_a = w.lora_a.reshape(num_experts, -1, w.lora_a.shape[-1]).contiguous()
+            w.lora_b = w.lora_b.reshape(w.lora_b.shape[0], -1, num_experts).permute(2, 0, 1).contiguous()
+
+
+def _tensors(lora):
+    for w in lora.loras.values():
+        for attr in ("lora_a", "lora_b"):
+            t = getattr(w, attr)
+            for x in t if isinstance(t, list) else [t]:
+                if x is not None:
+                    yield w, attr, x
+
+
+def once(path: Path, num_experts: int) -> dict[str, float]:
+    import torch
+    from vllm.lora.lora_model import LoRAModel
+    from vllm.lora.peft_helper import PEFTHelper
+
+    times: dict[str, float] = {}
+    t = time.perf_counter()
+    peft = PEFTHelper.from_local_dir(str(path), None)
+    lora = LoRAModel.from_local_checkpoint(str(path), _modules(path), peft, lora_model_id=1, device="cpu",
+                                           dtype=torch.bfloat16)
+    times["read"] = time.perf_counter() - t
+    t = time.perf_counter()
+    _restack(lora, num_experts)
+    times["restack"] = time.perf_counter() - t
+    t = time.perf_counter()
+    for w in lora.loras.values():
+        w.optimize()
+    times["scale"] = time.perf_counter() - t
+    pinned = [x for _, _, x in _tensors(lora)]
+    times["bytes"] = float(sum(x.numel() * x.element_size() for x in pinned))
+    if not torch.cuda.is_available():  # a CPU host: vLLM pins nothing and copies nothing
+        return times | {"pin": 0.0, "h2d": 0.0}
+    t = time.perf_counter()
+    pinned = [x.pin_memory() for x in pinned]
+    times["pin"] = time.perf_counter() - t
+    gpu = [torch.empty_like(x, device="cuda") for x in pinned]
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for g, x in zip(gpu, pinned):
+        g.copy_(x, non_blocking=True)
+    torch.cuda.synchronize()
+    times["h2d"] = time.perf_counter() - t
+    return times
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("folder", type=Path, help="a PEFT adapter folder (adapter_model.safetensors, adapter_config.json)")
+    ap.add_argument("--experts", type=int, default=32, help="experts of the base model (GPT-OSS-20B: 32)")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    runs = [once(args.folder, args.experts) for _ in range(args.reps)]
+    mib = runs[0]["bytes"] / 2**20
+    print(f"{args.folder.name}: {mib:.1f} MiB; median of {args.reps} (ms):")
+    print("| " + " | ".join(STEPS) + " | total |\n|" + "---|" * (len(STEPS) + 1))
+    med = {s: statistics.median(r[s] for r in runs) * 1e3 for s in STEPS}
+    print("| " + " | ".join(f"{med[s]:.1f}" for s in STEPS) + f" | {sum(med.values()):.1f} |")
+    if args.json:
+        args.json.write_text(json.dumps({"folder": args.folder.name, "mib": mib, "runs": runs}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
