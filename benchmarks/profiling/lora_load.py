@@ -11,7 +11,7 @@ leaves them).
 5. ``h2d``: every tensor copied into a GPU buffer of its shape (what activating it in a slot
    moves), synchronised.
 
-    python -m benchmarks.profiling.lora_load FOLDER [--reps 3] [--json OUT]
+    python -m benchmarks.profiling.lora_load FOLDER [--reps 3] [--threads 1,0] [--json OUT]
 """
 
 from __future__ import annotations
@@ -98,16 +98,26 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("folder", type=Path, help="a PEFT adapter folder (adapter_model.safetensors, adapter_config.json)")
     ap.add_argument("--experts", type=int, default=32, help="experts of the base model (GPT-OSS-20B: 32)")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--threads", default="1,0", help="torch intra-op threads to run with, comma-separated (0: "
+                    "torch's default here); the engine process's own count depends on how it was started")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
-    runs = [once(args.folder, args.experts) for _ in range(args.reps)]
-    mib = runs[0]["bytes"] / 2**20
-    print(f"{args.folder.name}: {mib:.1f} MiB; median of {args.reps} (ms):")
-    print("| " + " | ".join(STEPS) + " | total |\n|" + "---|" * (len(STEPS) + 1))
-    med = {s: statistics.median(r[s] for r in runs) * 1e3 for s in STEPS}
-    print("| " + " | ".join(f"{med[s]:.1f}" for s in STEPS) + f" | {sum(med.values()):.1f} |")
+    import torch
+
+    default = torch.get_num_threads()
+    out, mib = {}, 0.0
+    print("| torch threads | " + " | ".join(STEPS) + " | total |\n|" + "---|" * (len(STEPS) + 2))
+    for n in [int(x) or default for x in args.threads.split(",")]:
+        torch.set_num_threads(n)
+        runs = [once(args.folder, args.experts) for _ in range(args.reps)]
+        mib = runs[0]["bytes"] / 2**20
+        med = {s: statistics.median(r[s] for r in runs) * 1e3 for s in STEPS}
+        print(f"| {n} | " + " | ".join(f"{med[s]:.1f}" for s in STEPS) + f" | {sum(med.values()):.1f} |")
+        out[n] = runs
+    torch.set_num_threads(default)
+    print(f"{args.folder.name}: {mib:.1f} MiB; median of {args.reps}, ms")
     if args.json:
-        args.json.write_text(json.dumps({"folder": args.folder.name, "mib": mib, "runs": runs}, indent=1))
+        args.json.write_text(json.dumps({"folder": args.folder.name, "mib": mib, "runs_by_threads": out}, indent=1))
 
 
 if __name__ == "__main__":
