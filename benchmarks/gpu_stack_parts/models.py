@@ -46,10 +46,11 @@ class ColdStart(BaseModel):
     cold_ttft_ms: float | None = Field(None, description="TTFT of the first request (S3 to first token).")
     warm_ttft_ms: float | None = Field(None, description="TTFT of the next request to it (another prompt).")
     cold_e2e_ms: float | None = Field(None, description="End to end of the first request.")
-    disk_load_s: float | None = Field(None, description="The replica's disk-tier load of it: download from the store "
-                                      "and verify (loraplex_adapter_load_seconds, tier disk).")
-    engine_load_s: float | None = Field(None, description="From the replica's miss to add_lora returning, the disk load "
-                                        "included (loraplex_adapter_load_seconds, tier engine).")
+    disk_load_s: float | None = Field(None, description="The replica's disk step of its load: download from the store "
+                                      "and verify (the cold request's log line, adapter_load.disk_s).")
+    add_lora_s: float | None = Field(None, description="vLLM's add_lora of it (adapter_load.add_lora_s).")
+    engine_load_s: float | None = Field(None, description="From the replica's miss to add_lora returning: every step "
+                                        "of its load (the sum of adapter_load).")
     error: str | None = Field(None, description="Why a figure is missing.")
 
 

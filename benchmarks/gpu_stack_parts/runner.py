@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.gpu_stack_parts import systems
-from benchmarks.gpu_stack_parts.adapter_loads import OperatorAccess, load_split, settled_totals
-from benchmarks.gpu_stack_parts.assets import OPERATOR, ModelAssets, write_adapters
+from benchmarks.gpu_stack_parts.adapter_loads import load_steps
+from benchmarks.gpu_stack_parts.assets import ModelAssets, write_adapters
 from benchmarks.gpu_stack_parts.engine_alone import EngineJob, JobPhase, sweep_record
 from benchmarks.gpu_stack_parts.models import (
     ColdStart,
@@ -217,7 +217,7 @@ def run_server_block(ctx: Context, block: SystemBlock,
             _log_phase(block.system, out.phases[-1])
             on_progress(out)
         for k in range(block.cold_starts):
-            out.cold_starts.append(cold_start(ctx, target, k))
+            out.cold_starts.append(cold_start(ctx, target, k, Path(out.log)))
             on_progress(out)
     except Exception as exc:  # noqa: BLE001 - recorded; the next system runs
         out.error = f"{type(exc).__name__}: {exc}"
@@ -256,8 +256,9 @@ def start_server(ctx: Context, block: SystemBlock, out: SystemRun, probe_adapter
     raise AssertionError("unreachable")
 
 
-def cold_start(ctx: Context, target: TargetSpec, k: int) -> ColdStart:
-    """A fresh adapter written and pushed now, then its first request and one more, timed."""
+def cold_start(ctx: Context, target: TargetSpec, k: int, log: Path) -> ColdStart:
+    """A fresh adapter written and pushed now, then its first request and one more, timed; the
+    load's steps from the server's request log ``log``."""
     rank = ctx.plan.workload.rank
     adapter = cold_id(rank, k)
     rec = ColdStart(adapter=adapter)
@@ -278,33 +279,24 @@ def cold_start(ctx: Context, target: TargetSpec, k: int) -> ColdStart:
                             output_len=WARMUP_TOKENS, temperature=TEMPERATURE, concurrency=1, num_requests=1,
                             vocab_size=ctx.vocab, exclude_token_ids=ctx.special, seed=seed, timeout_s=ctx.timeout_s))
 
-    stack = OperatorAccess(target.base_url, ctx.keys[OPERATOR])
-    before = _metrics_or_none(lambda: settled_totals(stack))
     cold, warm = first_token(zlib.crc32(adapter.encode())), first_token(zlib.crc32(adapter.encode()) + 1)
     c, h = cold.records[0], warm.records[0]
     rec.cold_ttft_ms, rec.cold_e2e_ms, rec.warm_ttft_ms = c.ttft_ms, c.e2e_ms, h.ttft_ms
     if not (c.ok and h.ok):
         rec.error = (c.error or h.error or "request failed")[:500]
-    split = _metrics_or_none(lambda: load_split(stack, before)) if before is not None else None
-    if split:
-        rec.disk_load_s, rec.engine_load_s = split["disk"], split["engine"]
+    steps = load_steps(log, adapter)
+    if steps:
+        rec.disk_load_s, rec.add_lora_s = steps.get("disk_s"), steps.get("add_lora_s")
+        rec.engine_load_s = sum(steps.values())
 
     def s(x: float | None) -> str:
         return "-" if x is None else f"{x:.2f} s"
 
     print(f"loraplex cold start {adapter}: push {pushed.seconds:.1f} s, TTFT cold {c.ttft_ms} ms, "
-          f"warm {h.ttft_ms} ms; the replica's loads: disk {s(rec.disk_load_s)}, engine {s(rec.engine_load_s)}",
+          f"warm {h.ttft_ms} ms; the replica's load: disk {s(rec.disk_load_s)}, add_lora {s(rec.add_lora_s)}, "
+          f"miss to add_lora returning {s(rec.engine_load_s)}",
           flush=True)
     return rec
-
-
-def _metrics_or_none(read: Callable[[], Any]) -> Any:
-    """A scrape of the stack's metrics, or None (and why, printed) when it cannot be read."""
-    try:
-        return read()
-    except Exception as exc:  # noqa: BLE001 - the cold start's own figures stand without the split
-        print(f"loraplex cold start: no load split from the metrics ({type(exc).__name__}: {exc})", flush=True)
-        return None
 
 
 def run_engine_block(ctx: Context, block: SystemBlock) -> SystemRun:

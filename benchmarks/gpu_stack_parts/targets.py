@@ -154,7 +154,8 @@ def cold_row(report: StackReport, plan: Plan) -> str:
         def s(x):
             return "-" if x is None else f"{x:.2f} s"
 
-        loads = f"; the replica's loads: download + verify {s(worst.disk_load_s)}, to add_lora returning {s(worst.engine_load_s)}"
+        loads = (f"; the replica's load: download + verify {s(worst.disk_load_s)}, add_lora {s(worst.add_lora_s)}, "
+                 f"miss to add_lora returning {s(worst.engine_load_s)}")
     text = (f"worst {worst.cold_ttft_ms / 1000:.2f} s of {len(colds)} (warm {worst.warm_ttft_ms:.0f} ms; "
             f"adapter rank {plan.workload.rank}, {size}{note}{loads})")
     return _row(target, text, worst.cold_ttft_ms <= 1500.0)

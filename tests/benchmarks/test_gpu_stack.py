@@ -270,50 +270,40 @@ def test_the_gpu_hosts_serve_config_is_one_loraplex_serve_accepts_in_either_topo
         {k: v for k, v in file_engine.items() if k != "model"}
 
 
-def test_a_cold_starts_load_split_comes_from_the_load_histograms_per_tier(monkeypatch, tmp_path):
-    """Sum and count of loraplex_adapter_load_seconds per tier, over replicas and nodes, before and
-    after the cold request: one load per tier gives its seconds; a count that moved by other than one
-    (another adapter loaded meanwhile) gives none; the targets row prints the split."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    from benchmarks.gpu_stack_parts import adapter_loads
-    from benchmarks.gpu_stack_parts.assets import OPERATOR, write_tenants
+def test_a_cold_starts_load_steps_come_from_its_request_log_line(tmp_path):
+    """The cold request's engine line carries the load it waited for; other adapters' lines, the
+    gateway's line and lines without a load are passed over; the targets row prints the steps."""
+    from app.logging_json import RequestLog
+    from benchmarks.gpu_stack_parts.adapter_loads import load_steps
     from benchmarks.gpu_stack_parts.models import ColdStart
     from benchmarks.gpu_stack_parts.targets import cold_row
-    from tests.helpers.metrics_scrape import Scrape
 
-    def scrape_of(disk: tuple[float, int], engine: tuple[float, int]) -> Scrape:
-        text = "".join(
-            f'{adapter_loads.LOAD}_sum{{tier="{t}",replica="{r}",NodeAddress="n{r}"}} {v[0] / 2}\n'
-            f'{adapter_loads.LOAD}_count{{tier="{t}",replica="{r}",NodeAddress="n{r}"}} {v[1] / 2}\n'
-            for t, v in (("disk", disk), ("engine", engine)) for r in ("a", "b"))
-        return Scrape([s for f in text_string_to_metric_families(text) for s in f.samples])
+    steps = {"disk_s": 1.14, "checks_s": 0.004, "add_lora_s": 1.33}
+    lines = [RequestLog(component="engine", request_id="a", status=200, adapter="r32-1",
+                        adapter_load={"disk_s": 9.0, "checks_s": 0.0, "add_lora_s": 9.0}),
+             RequestLog(component="gateway", request_id="b", status=200, adapter="cold-r32-0"),
+             RequestLog(component="engine", request_id="b", status=200, adapter="cold-r32-0", adapter_load=steps),
+             RequestLog(component="engine", request_id="c", status=200, adapter="cold-r32-0")]
+    log = tmp_path / "loraplex.log"
+    log.write_text("INFO starting\n" + "".join(f"(ServeReplica pid=1) {r.model_dump_json(exclude_none=True)}\n"
+                                               for r in lines))
+    assert load_steps(log, "cold-r32-0") == steps
+    assert load_steps(log, "cold-r32-9", timeout_s=0.0) is None
 
-    before = adapter_loads.load_totals(scrape_of((4.0, 2), (6.0, 2)))
-    assert before == {"disk": (4.0, 2.0), "engine": (6.0, 2.0)}
-    monkeypatch.setattr(adapter_loads, "scrape_until", lambda stack, done, timeout_s: scrape_of((5.5, 3), (8.25, 3)))
-    stack = adapter_loads.OperatorAccess("http://x", "lpx-op")
-    assert adapter_loads.load_split(stack, before) == {"disk": 1.5, "engine": 2.25}
-    assert stack.headers("operator") == {"Authorization": "Bearer lpx-op"}
-    monkeypatch.setattr(adapter_loads, "scrape_until", lambda stack, done, timeout_s: scrape_of((9.0, 4), (8.25, 3)))
-    assert adapter_loads.load_split(stack, before) == {"disk": None, "engine": 2.25}
-
-    # the "before" totals wait until a previous phase's loads reached the export (two scrapes agree)
-    seq = iter([scrape_of((4.0, 2), (6.0, 2)), scrape_of((5.0, 3), (6.5, 3)), scrape_of((5.0, 3), (6.5, 3))])
-    monkeypatch.setattr(adapter_loads, "scrape", lambda stack: next(seq))
-    assert adapter_loads.settled_totals(stack, export_s=0.0) == {"disk": (5.0, 3.0), "engine": (6.5, 3.0)}
-
-    keys = write_tenants(tmp_path / "tenants.yaml")
     from app.gateway.tenants import TenantDirectory
+    from benchmarks.gpu_stack_parts.assets import OPERATOR, write_tenants
 
+    keys = write_tenants(tmp_path / "tenants.yaml")  # the run's operator key reads every replica's metrics
     assert TenantDirectory(tmp_path / "tenants.yaml").authenticate(f"Bearer {keys[OPERATOR]}").operator
 
     report = _report("default", ("loraplex",), "x")
     report.systems[0].error = None
     report.systems[0].cold_starts = [ColdStart(adapter="cold-r32-0", adapter_bytes=739679531, cold_ttft_ms=2369.0,
-                                               warm_ttft_ms=89.0, disk_load_s=1.5, engine_load_s=2.25)]
+                                               warm_ttft_ms=89.0, disk_load_s=1.14, add_lora_s=1.33,
+                                               engine_load_s=2.47)]
     row = cold_row(report, build_plan("default", "gptoss-mxfp4"))
-    assert "2.37 s" in row and "download + verify 1.50 s, to add_lora returning 2.25 s" in row and "NOT met" in row
+    assert "2.37 s" in row and "NOT met" in row
+    assert "download + verify 1.14 s, add_lora 1.33 s, miss to add_lora returning 2.47 s" in row
 
 
 def test_engine_settings_reach_every_systems_engine_arguments(tmp_path):
