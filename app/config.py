@@ -124,6 +124,12 @@ class EngineConfig(_Strict):
         "relaying its flood does not cost every tenant host time. None: off.",
     )
     heavy_tenant_stream_interval: int = Field(16, ge=1, description="Tokens per streamed chunk for a heavy tenant's streams.")
+    adapter_load_threads: int = Field(
+        8, ge=0, description="An adapter's load (vLLM's reading of its files, the reshape of expert tensors into the "
+        "slot layout, pinning) is prepared in a thread of the engine process on this many torch threads while the "
+        "engine keeps stepping (kernels.vllm.lora_loads); add_lora then only registers it. 0: vLLM's way, the whole "
+        "load inside the engine's loop, one adapter at a time, every stream of the batch waiting.",
+    )
     shape_warmup: bool = Field(
         True, description="Before the replica takes traffic, one base-model step of every token-count class up to "
         "max_num_batched_tokens (app.engine.shape_warmup), so kernels that compile a variant per class do it then, "

@@ -18,6 +18,8 @@ releases) to the request being recorded (``app.observability.engine``).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from argparse import Namespace
 from dataclasses import dataclass
@@ -34,6 +36,7 @@ from app.observability.token_timing import OutputProgress
 from kernels.vllm.versions import require_any
 
 logger = logging.getLogger(__name__)
+PREPARE_POLL_S = 0.005  # between asks whether an adapter's preparation is done
 
 
 def _is_cpu() -> bool:
@@ -321,14 +324,57 @@ class ServingLoraOps:
     with the engine (added after ``add_lora`` succeeds, removed before ``remove_lora``).
     """
 
-    def __init__(self, serving: OpenAIServing):
+    def __init__(self, serving: OpenAIServing, load_threads: int = 0):
         self._engine = serving.engine
         self._models = serving.models
+        # > 0: loads prepared off the engine's loop, on that many torch threads where the engine runs
+        # on a GPU (a CPU engine's threads are its inference's: the preparation keeps the default)
+        self._load_threads = 0 if _is_cpu() else load_threads
+        self._prepares = load_threads > 0
+        self.prepared = 0  # adapters whose load the worker prepared before add_lora
 
     async def add_lora(self, lora_request) -> bool:
-        ok = await self._engine.add_lora(lora_request)
+        prepared = await self._prepare(lora_request)
+        registered = False
+        try:
+            ok = await self._engine.add_lora(lora_request)
+            registered = True
+        finally:
+            if prepared and not registered:
+                await self._discard(lora_request.lora_int_id)
         self._models.lora_requests[lora_request.lora_name] = lora_request
         return ok
+
+    async def _prepare(self, lora_request) -> bool:
+        """The adapter's host work done in a worker thread while the engine keeps stepping
+        (``kernels.vllm.lora_loads``); False where the engine has no such worker method (an
+        operator's own worker extension, the MoE-LoRA plugin off): ``add_lora`` then loads it."""
+        from kernels.vllm.worker_extension import LORA_READY, PREPARE_LORA
+
+        if not self._prepares:
+            return False
+        try:
+            started = await self._engine.collective_rpc(PREPARE_LORA, args=(lora_request, self._load_threads))
+        except Exception as e:  # noqa: BLE001 - not available in this engine: vLLM's own load
+            self._prepares = False
+            logger.warning("adapter loads stay inside the engine's loop: %s", e)
+            return False
+        if not any(started):
+            return False
+        try:
+            while not all(await self._engine.collective_rpc(LORA_READY, args=(lora_request.lora_int_id,))):
+                await asyncio.sleep(PREPARE_POLL_S)
+        except BaseException:
+            await self._discard(lora_request.lora_int_id)
+            raise
+        self.prepared += 1
+        return True
+
+    async def _discard(self, lora_int_id: int) -> None:
+        from kernels.vllm.worker_extension import DISCARD_LORA
+
+        with contextlib.suppress(Exception):
+            await asyncio.shield(self._engine.collective_rpc(DISCARD_LORA, args=(lora_int_id,)))
 
     async def list_loras(self) -> set[int]:
         """The ``lora_int_id``s registered with the engine (vLLM's own view)."""

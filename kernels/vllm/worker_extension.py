@@ -10,6 +10,9 @@ for the compile). Touches ``GPUModelRunner._dummy_run`` (``num_active_loras``, `
 its ``input_ids`` buffer and the worker's LoRA manager, as the releases of
 ``kernels.vllm.versions`` have them.
 
+``loraplex_prepare_lora`` / ``loraplex_lora_ready`` / ``loraplex_discard_lora``: an adapter's load
+prepared off the engine's loop before ``add_lora`` (``kernels.vllm.lora_loads``).
+
 The dummy forwards read whatever the input buffer holds (zeros at start): identical tokens send
 every token to the same experts, and the MoE kernels' launch heuristics, which size blocks from
 per-expert token counts, then compile the variants of that skew, not those of served batches.
@@ -27,6 +30,9 @@ from kernels.vllm.versions import require_any
 
 WORKER_EXTENSION = "kernels.vllm.worker_extension.LoraplexWorkerExtension"
 WARM_LORA_STEPS = "loraplex_warm_lora_steps"
+PREPARE_LORA = "loraplex_prepare_lora"
+LORA_READY = "loraplex_lora_ready"
+DISCARD_LORA = "loraplex_discard_lora"
 logger = logging.getLogger("vllm.loraplex")
 
 
@@ -54,6 +60,29 @@ class LoraplexWorkerExtension:
         finally:
             manager.remove_all_adapters()
         return seconds
+
+
+    def loraplex_prepare_lora(self, lora_request, threads: int) -> bool:
+        """Starts preparing an adapter off the engine's loop (``kernels.vllm.lora_loads``);
+        ``lora_request`` arrives as vLLM's RPC encodes a ``LoRARequest`` (a list: array-like)."""
+        import msgspec
+        from vllm.lora.request import LoRARequest
+
+        from kernels.vllm import lora_loads
+
+        if not isinstance(lora_request, LoRARequest):
+            lora_request = msgspec.convert(lora_request, LoRARequest)
+        return lora_loads.prepare(self.model_runner.lora_manager, lora_request, threads)
+
+    def loraplex_lora_ready(self, lora_int_id: int) -> bool:
+        from kernels.vllm import lora_loads
+
+        return lora_loads.ready(lora_int_id)
+
+    def loraplex_discard_lora(self, lora_int_id: int) -> bool:
+        from kernels.vllm import lora_loads
+
+        return lora_loads.discard(lora_int_id)
 
 
 def randomize_input_ids(runner) -> None:

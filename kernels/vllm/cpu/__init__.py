@@ -5,13 +5,15 @@ MoE model with ``enable_lora=True`` keeps vLLM-CPU's native experts instead of t
 vLLM forces for LoRA (``kernels.vllm.cpu.oracle``), with a LoRA-capable subclass of them that
 applies MoE-expert LoRA through ``kernels.cpu.moe_lora`` (``kernels.vllm.cpu.experts``). It also
 fixes vLLM-CPU's LoRA ops, which give requests without an adapter the adapter of the last slot in
-mixed batches (``kernels.vllm.cpu.punica``). Every change goes through one ``Patches``.
+mixed batches (``kernels.vllm.cpu.punica``), and prepares adapter loads off the engine's loop
+(``kernels.vllm.lora_loads``). Every change goes through one ``Patches``.
 """
 
 from __future__ import annotations
 
 import logging
 
+from kernels.vllm import lora_loads
 from kernels.vllm.cpu.experts import choose_lora_experts_cls
 from kernels.vllm.cpu.oracle import patch_unquantized_oracle
 from kernels.vllm.cpu.punica import patch_cpu_lora_ops
@@ -35,6 +37,7 @@ def install() -> None:
     version = require(CPU, WHAT, HINT)
     patch_unquantized_oracle(PATCHES, choose_lora_experts_cls)
     patch_cpu_lora_ops(PATCHES)
+    lora_loads.install(PATCHES)
     _expert_lora = True
     logger.info("loraplex: CPU MoE-LoRA patches installed for vLLM %s", version)
 
@@ -55,6 +58,7 @@ def install_without_expert_lora() -> None:
     require(CPU, WHAT, HINT)
     patch_unquantized_oracle(PATCHES)
     patch_cpu_lora_ops(PATCHES)
+    lora_loads.install(PATCHES)
 
 
 def installed() -> bool:
@@ -66,4 +70,5 @@ def uninstall() -> None:
     """Restores vLLM's own functions (tests)."""
     global _expert_lora
     PATCHES.undo()
+    lora_loads.reset()
     _expert_lora = False

@@ -8,6 +8,7 @@
   loraplex's MoE-LoRA kernels, compiled when vLLM sets up each layer's LoRA (``warmup``);
 - ``mxfp4``: MXFP4 experts keep vLLM's Triton MXFP4 GEMMs under LoRA (instead of Marlin), with
   the row moves done inside the GEMMs;
+- ``lora_loads``: an adapter's host work for ``add_lora`` prepared off the engine's loop;
 - ``punica``: the platform's punica wrapper is loraplex's subclass of vLLM's, which prepares each
   step's LoRA mapping on the host (``mapping``), tracks which modules a step's adapters have
   weights for (``live``) and runs the dense (attention, router) LoRA through loraplex's ops
@@ -31,9 +32,11 @@ def install() -> None:
     if PATCHES.active:
         return
     version = require(CUDA, WHAT)
+    from kernels.vllm import lora_loads
     from kernels.vllm.cuda import dense, live, moe, mxfp4, punica, warmup
 
     try:
+        lora_loads.install(PATCHES)
         moe.install(PATCHES)
         mxfp4.install(PATCHES)
         dense.install(PATCHES)
@@ -52,9 +55,11 @@ def installed() -> bool:
 
 def uninstall() -> None:
     """Restores vLLM's own functions and forgets what was tracked (tests, the equality bench)."""
+    from kernels.vllm import lora_loads
     from kernels.vllm.cuda import dense, live, mapping, moe, punica
 
     PATCHES.undo()
+    lora_loads.reset()
     punica.reset()
     moe.reset()
     dense.reset()

@@ -1,0 +1,122 @@
+"""Adapter loads off the engine's loop: vLLM's host work for ``add_lora`` done beforehand, in a
+thread of the worker, on several torch threads.
+
+vLLM runs ``add_lora`` inside the engine core's busy loop: reading the files, reshaping 3-D expert
+tensors into its slot layout, folding the scaling into B and pinning every tensor happen there,
+one adapter after another, and every stream of the batch waits meanwhile. Here the worker
+prepares the adapter first (``prepare``, through ``LoraplexWorkerExtension``): a thread of its own
+runs vLLM's loader (``WorkerLoRAManager._load_adapter``, the original) and its manager's
+``_create_merged_loras_inplace`` with ``threads`` intra-op threads; the engine's loop keeps
+stepping. The frontend's ``add_lora`` then finds the prepared ``LoRAModel`` (the wrapped
+``_load_adapter`` returns it), and the manager's own merge pass, run again at registration, finds
+nothing left to do (packed already, scaling 1, experts restacked, tensors pinned).
+
+Invariant: an entry lives from ``prepare`` until ``add_lora`` takes it or ``discard`` drops it; a
+failed preparation is dropped when reported, so the plain ``add_lora`` after it loads again inside
+the loop and raises vLLM's own error.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from kernels.vllm.patching import Patches
+
+logger = logging.getLogger("vllm.loraplex")
+LOAD_WORKERS = 2  # adapters prepared at once
+
+_lock = threading.Lock()
+_prepared: dict[int, Future] = {}  # lora_int_id -> the LoRAModel being prepared
+_pool: ThreadPoolExecutor | None = None
+_original_load: Any = None  # vLLM's WorkerLoRAManager._load_adapter
+
+
+def install(patches: Patches) -> None:
+    """Wraps ``WorkerLoRAManager._load_adapter`` so a prepared adapter is taken, not loaded again."""
+    from vllm.lora.worker_manager import WorkerLoRAManager
+
+    def make(load):
+        global _original_load
+        _original_load = load
+
+        def _load_adapter(self, lora_request):
+            with _lock:
+                pending = _prepared.pop(lora_request.lora_int_id, None)
+            if pending is not None:
+                try:
+                    return pending.result()
+                except Exception:  # noqa: BLE001 - loaded again below: vLLM's own error, in its own way
+                    pass
+            return load(self, lora_request)
+
+        return _load_adapter
+
+    patches.wrap(WorkerLoRAManager, "_load_adapter", make)
+
+
+def prepare(manager: Any, lora_request: Any, threads: int) -> bool:
+    """Starts preparing ``lora_request`` for ``manager`` (the worker's ``WorkerLoRAManager``);
+    False when it is registered or being prepared already."""
+    global _pool
+    if _original_load is None:
+        raise RuntimeError("loraplex's adapter loads are not installed in this process")
+    with _lock:
+        if lora_request.lora_int_id in _prepared or lora_request.lora_int_id in manager.list_adapters():
+            return False
+        if _pool is None:
+            _pool = ThreadPoolExecutor(LOAD_WORKERS, thread_name_prefix="loraplex-lora-load")
+        _prepared[lora_request.lora_int_id] = _pool.submit(_load, manager, lora_request, threads)
+    return True
+
+
+def _load(manager: Any, lora_request: Any, threads: int) -> Any:
+    import torch
+
+    if threads > 0:  # OpenMP: this thread's parallel regions; the loop thread keeps its own count
+        torch.set_num_threads(min(threads, len(os.sched_getaffinity(0))))
+    lora = _original_load(manager, lora_request)
+    manager._adapter_manager._create_merged_loras_inplace(lora)
+    return lora
+
+
+def ready(lora_int_id: int) -> bool:
+    """Whether nothing is being prepared for ``lora_int_id`` any more: prepared (``add_lora`` takes
+    it), failed (dropped and logged), or never asked for."""
+    with _lock:
+        pending = _prepared.get(lora_int_id)
+        if pending is None:
+            return True
+        if not pending.done():
+            return False
+        if pending.exception() is not None:
+            del _prepared[lora_int_id]
+            logger.warning("preparing adapter %d failed (add_lora loads it again): %s", lora_int_id,
+                           pending.exception())
+        return True
+
+
+def discard(lora_int_id: int) -> bool:
+    """Drops a preparation that ``add_lora`` will not take (its request went away); True if one was held."""
+    with _lock:
+        pending = _prepared.pop(lora_int_id, None)
+    if pending is not None:
+        pending.cancel()
+    return pending is not None
+
+
+def held() -> list[int]:
+    """``lora_int_id``s prepared or being prepared and not yet taken."""
+    with _lock:
+        return sorted(_prepared)
+
+
+def reset() -> None:
+    """Forgets every preparation (tests; a process's patches undone)."""
+    with _lock:
+        for f in _prepared.values():
+            f.cancel()
+        _prepared.clear()
