@@ -36,7 +36,7 @@ from app.observability.token_timing import OutputProgress
 from kernels.vllm.versions import require_any
 
 logger = logging.getLogger(__name__)
-PREPARE_POLL_S = 0.005  # between asks whether an adapter's preparation is done
+PREPARE_POLL_S = 0.01  # between asks whether an adapter's preparation is done (each is an RPC between engine steps)
 
 
 def _is_cpu() -> bool:
