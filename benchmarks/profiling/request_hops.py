@@ -115,7 +115,8 @@ def loads_table(hops: list[Hop]) -> str:
         if h.adapter_load:
             cells = [h.adapter_load.get("disk_s"), h.adapter_load.get("checks_s"), h.adapter_load.get("add_lora_s"),
                      h.to_engine, h.engine_ttft]
-            rows.append(f"| {h.adapter} | " + " | ".join("–" if c is None else f"{c * 1e3:.1f}" for c in cells) + " |")
+            text = ("–" if c is None else f"{c * 1e3:.1f}" for c in cells)
+            rows.append(f"| {h.adapter} | " + " | ".join(text) + " |")
     return "\n".join(rows) + "\n(ms)" if len(rows) > 2 else "(no request waited for an adapter load)"
 
 
