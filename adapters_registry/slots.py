@@ -76,7 +76,7 @@ class Slot:
     request: Any = None
     path: Path | None = None
     ready: asyncio.Future | None = None
-    load_steps: dict[str, float] | None = None  # its load's seconds: disk (a victim unregistered first), checks, add_lora
+    load_steps: dict[str, float] | None = None  # its load's seconds: disk (victim unregistered first), checks, add_lora
     loaded_at: float | None = None  # time.monotonic() when its load ended
 
     @property
