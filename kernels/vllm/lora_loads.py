@@ -115,7 +115,9 @@ def held() -> list[int]:
 
 
 def reset() -> None:
-    """Forgets every preparation (tests; a process's patches undone)."""
+    """Forgets every preparation and the wrapped loader (a process's patches undone; tests)."""
+    global _original_load
+    _original_load = None
     with _lock:
         for f in _prepared.values():
             f.cancel()
