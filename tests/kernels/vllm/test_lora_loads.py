@@ -1,0 +1,79 @@
+"""The bookkeeping of adapter loads prepared off the engine's loop (``kernels.vllm.lora_loads``):
+a failed preparation is dropped when reported, so ``add_lora`` loads the adapter itself; a
+preparation nobody takes is discarded; an adapter already registered is not prepared again. (The
+prepared path serving tokens is ``tests/serving/test_engine_adapter_loads.py``.)"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from kernels.vllm import lora_loads
+from kernels.vllm.patching import Patches
+
+
+class _Manager:
+    """What ``prepare`` itself asks of vLLM's ``WorkerLoRAManager``: its registered ids. vLLM's
+    loader, run on it in the preparing thread, fails (no LoRA manager behind it), as it would on a
+    broken adapter: the failure path."""
+
+    def __init__(self, registered=()):
+        self.registered = set(registered)
+
+    def list_adapters(self):
+        return self.registered
+
+
+@pytest.fixture
+def installed():
+    patches = Patches("test lora loads")
+    lora_loads.install(patches)
+    yield
+    patches.undo()
+    lora_loads.reset()
+
+
+def _request(i: int):
+    from vllm.lora.request import LoRARequest
+
+    return LoRARequest(lora_name=f"a{i}", lora_int_id=i, lora_path="/nonexistent/adapter")
+
+
+def _wait_ready(i: int) -> None:
+    deadline = time.monotonic() + 30
+    while not lora_loads.ready(i):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
+def test_a_failed_preparation_is_dropped_when_reported(installed):
+    assert lora_loads.prepare(_Manager(), _request(1), threads=1)
+    assert not lora_loads.prepare(_Manager(), _request(1), threads=1)  # one at a time per adapter
+    _wait_ready(1)
+    assert lora_loads.held() == []  # add_lora now loads it itself and raises vLLM's own error
+
+
+def test_registered_adapters_are_not_prepared_and_unknown_ids_are_ready(installed):
+    assert not lora_loads.prepare(_Manager(registered={2}), _request(2), threads=1)
+    assert lora_loads.held() == [] and lora_loads.ready(99)
+
+
+def test_a_preparation_nobody_takes_is_discarded(installed):
+    gate = threading.Event()
+    original = lora_loads._original_load
+    lora_loads._original_load = lambda manager, request: gate.wait(30) and original(manager, request)
+    try:
+        assert lora_loads.prepare(_Manager(), _request(3), threads=1)
+        assert lora_loads.held() == [3] and not lora_loads.ready(3)
+        assert lora_loads.discard(3) and lora_loads.held() == [] and not lora_loads.discard(3)
+    finally:
+        gate.set()
+        lora_loads._original_load = original
+
+
+def test_prepare_refuses_where_the_loads_are_not_installed():
+    lora_loads.reset()
+    with pytest.raises(RuntimeError, match="not installed"):
+        lora_loads.prepare(_Manager(), _request(4), threads=1)
