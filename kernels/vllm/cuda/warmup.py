@@ -137,8 +137,9 @@ def watch_compiles() -> None:
                                       kwargs.get("key"))
             else:
                 OTHER_COMPILES.append((name, ms / 1e3))
-                vllm_logger().info("Triton kernel %s compiled after the warm-up in %.0f ms",
-                                   name, ms)
+                # the key (its specialization and constants) says which variant the warm-up missed
+                vllm_logger().info("Triton kernel %s compiled after the warm-up in %.0f ms (key %.600s)",
+                                   name, ms, kwargs.get("key"))
         return previous(**kwargs) if previous is not None else None
 
     if hasattr(knobs.runtime, "jit_cache_hook"):
