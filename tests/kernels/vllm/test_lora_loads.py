@@ -49,14 +49,14 @@ def _wait_ready(i: int) -> None:
 
 
 def test_a_failed_preparation_is_dropped_when_reported(installed):
-    assert lora_loads.prepare(_Manager(), _request(1), threads=1)
-    assert not lora_loads.prepare(_Manager(), _request(1), threads=1)  # one at a time per adapter
+    assert lora_loads.prepare(_Manager(), _request(1), threads=0)
+    assert not lora_loads.prepare(_Manager(), _request(1), threads=0)  # one at a time per adapter
     _wait_ready(1)
     assert lora_loads.held() == []  # add_lora now loads it itself and raises vLLM's own error
 
 
 def test_registered_adapters_are_not_prepared_and_unknown_ids_are_ready(installed):
-    assert not lora_loads.prepare(_Manager(registered={2}), _request(2), threads=1)
+    assert not lora_loads.prepare(_Manager(registered={2}), _request(2), threads=0)
     assert lora_loads.held() == [] and lora_loads.ready(99)
 
 
@@ -65,7 +65,7 @@ def test_a_preparation_nobody_takes_is_discarded(installed):
     original = lora_loads._original_load
     lora_loads._original_load = lambda manager, request: gate.wait(30) and original(manager, request)
     try:
-        assert lora_loads.prepare(_Manager(), _request(3), threads=1)
+        assert lora_loads.prepare(_Manager(), _request(3), threads=0)
         assert lora_loads.held() == [3] and not lora_loads.ready(3)
         assert lora_loads.discard(3) and lora_loads.held() == [] and not lora_loads.discard(3)
     finally:
@@ -76,4 +76,4 @@ def test_a_preparation_nobody_takes_is_discarded(installed):
 def test_prepare_refuses_where_the_loads_are_not_installed():
     lora_loads.reset()
     with pytest.raises(RuntimeError, match="not installed"):
-        lora_loads.prepare(_Manager(), _request(4), threads=1)
+        lora_loads.prepare(_Manager(), _request(4), threads=0)
