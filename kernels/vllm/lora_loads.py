@@ -33,7 +33,8 @@ LOAD_WORKERS = 2  # adapters prepared at once
 _lock = threading.Lock()
 _prepared: dict[int, Future] = {}  # lora_int_id -> the LoRAModel being prepared
 _pool: ThreadPoolExecutor | None = None
-_original_load: Any = None  # vLLM's WorkerLoRAManager._load_adapter
+_original_load: Any = None  # WorkerLoRAManager._load_adapter as wrapped last (vLLM's, or an earlier wrapper of ours)
+_local = threading.local()  # .preparing: this thread prepares a load (the wrappers must not take it)
 
 
 def install(patches: Patches) -> None:
@@ -45,6 +46,8 @@ def install(patches: Patches) -> None:
         _original_load = load
 
         def _load_adapter(self, lora_request):
+            if getattr(_local, "preparing", False):  # the preparing thread itself: load (through any inner wrapper)
+                return load(self, lora_request)
             with _lock:
                 pending = _prepared.pop(lora_request.lora_int_id, None)
             if pending is not None:
@@ -80,7 +83,11 @@ def _load(manager: Any, lora_request: Any, threads: int) -> Any:
     if threads > 0:  # OpenMP: this thread's parallel regions; the loop thread keeps its own count
         torch.set_num_threads(min(threads, len(os.sched_getaffinity(0))))
     t0 = time.perf_counter()
-    lora = _original_load(manager, lora_request)
+    _local.preparing = True
+    try:
+        lora = _original_load(manager, lora_request)
+    finally:
+        _local.preparing = False
     t1 = time.perf_counter()
     manager._adapter_manager._create_merged_loras_inplace(lora)
     logger.info("adapter %s prepared off the loop in %.3f s: read %.3f s, merge %.3f s (%d torch threads; "

@@ -28,11 +28,16 @@ class _Manager:
 
 @pytest.fixture
 def installed():
+    """A wrap of its own, over the CPU path's where that is installed in this process already
+    (two wrappers of ``_load_adapter``: the preparing thread must pass through both)."""
+    previous = lora_loads._original_load
     patches = Patches("test lora loads")
     lora_loads.install(patches)
     yield
     patches.undo()
-    lora_loads.reset()
+    with lora_loads._lock:
+        lora_loads._prepared.clear()
+    lora_loads._original_load = previous
 
 
 def _request(i: int):
@@ -73,7 +78,21 @@ def test_a_preparation_nobody_takes_is_discarded(installed):
         lora_loads._original_load = original
 
 
-def test_prepare_refuses_where_the_loads_are_not_installed():
-    lora_loads.reset()
+def test_prepare_refuses_where_the_loads_are_not_installed(monkeypatch):
+    monkeypatch.setattr(lora_loads, "_original_load", None)
     with pytest.raises(RuntimeError, match="not installed"):
         lora_loads.prepare(_Manager(), _request(4), threads=0)
+
+
+def test_nested_wrappers_let_the_preparing_thread_load(installed):
+    """With two wrappers installed, the preparation neither takes its own entry nor waits on itself."""
+    outer = Patches("a second wrap")
+    lora_loads.install(outer)
+    try:
+        for i in range(10, 20):
+            assert lora_loads.prepare(_Manager(), _request(i), threads=0)
+            assert not lora_loads.prepare(_Manager(), _request(i), threads=0)  # still held: nobody took it
+            _wait_ready(i)
+        assert lora_loads.held() == []
+    finally:
+        outer.undo()
