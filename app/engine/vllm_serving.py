@@ -335,13 +335,12 @@ class ServingLoraOps:
 
     async def add_lora(self, lora_request) -> bool:
         prepared = await self._prepare(lora_request)
-        registered = False
         try:
             ok = await self._engine.add_lora(lora_request)
-            registered = True
-        finally:
-            if prepared and not registered:
+        except BaseException:
+            if prepared:  # not taken by add_lora: the worker drops it
                 await self._discard(lora_request.lora_int_id)
+            raise
         self._models.lora_requests[lora_request.lora_name] = lora_request
         return ok
 

@@ -9,11 +9,11 @@ Ray's metrics export gives as a histogram's ``_sum`` is rebuilt from bucket midp
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
 from app.logging_json import RequestLog
+from benchmarks.profiling.request_hops import request_log_records
 
 
 def load_steps(log: Path, adapter: str, timeout_s: float = 10.0) -> dict[str, float] | None:
@@ -23,17 +23,15 @@ def load_steps(log: Path, adapter: str, timeout_s: float = 10.0) -> dict[str, fl
     while True:
         found = None
         if log.exists():
-            with log.open(errors="replace") as f:
-                for line in f:
-                    at = line.find('{"ts"')
-                    if at < 0 or adapter not in line:
-                        continue
-                    try:
-                        rec = RequestLog.model_validate(json.loads(line[at:]))
-                    except ValueError:
-                        continue
-                    if rec.component == "engine" and rec.adapter == adapter and rec.adapter_load:
-                        found = rec.adapter_load
+            for raw in request_log_records(log):
+                if raw.get("component") != "engine" or raw.get("adapter") != adapter:
+                    continue
+                try:
+                    rec = RequestLog.model_validate(raw)
+                except ValueError:
+                    continue
+                if rec.adapter_load:
+                    found = rec.adapter_load
         if found is not None or time.monotonic() > deadline:
             return found
         time.sleep(0.5)

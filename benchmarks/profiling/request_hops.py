@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+from collections.abc import Iterator
 from pathlib import Path
 
 from pydantic import BaseModel, Field
@@ -45,20 +46,26 @@ class Hop(BaseModel):
     adapter_load: dict[str, float] | None = Field(None, description="The adapter load the request waited for.")
 
 
-def read_hops(log: Path) -> list[Hop]:
-    """Requests with both a gateway and an engine line, in the order the gateway took them."""
-    lines: dict[str, dict[str, dict]] = {}
+def request_log_records(log: Path) -> Iterator[dict]:
+    """The request log lines of a server log (``app.logging_json.RequestLog`` as JSON, after
+    whatever prefix Ray put before them), in file order; other lines are passed over."""
     with log.open(errors="replace") as f:
         for line in f:
             at = line.find('{"ts"')
             if at < 0:
                 continue
             try:
-                rec = json.loads(line[at:])
+                yield json.loads(line[at:])
             except ValueError:
                 continue
-            if rec.get("component") in ("gateway", "engine") and rec.get("request_id"):
-                lines.setdefault(rec["request_id"], {})[rec["component"]] = rec
+
+
+def read_hops(log: Path) -> list[Hop]:
+    """Requests with both a gateway and an engine line, in the order the gateway took them."""
+    lines: dict[str, dict[str, dict]] = {}
+    for rec in request_log_records(log):
+        if rec.get("component") in ("gateway", "engine") and rec.get("request_id"):
+            lines.setdefault(rec["request_id"], {})[rec["component"]] = rec
     hops = []
     for pair in lines.values():
         gw, en = pair.get("gateway"), pair.get("engine")

@@ -61,7 +61,6 @@ class LoraplexWorkerExtension:
             manager.remove_all_adapters()
         return seconds
 
-
     def loraplex_prepare_lora(self, lora_request, threads: int) -> bool:
         """Starts preparing an adapter off the engine's loop (``kernels.vllm.lora_loads``);
         ``lora_request`` arrives as vLLM's RPC encodes a ``LoRARequest`` (a list: array-like)."""
