@@ -132,7 +132,9 @@ def build_plan(name: str, model: str, systems: tuple[str, ...] = SYSTEMS, route_
 
     def phase(pname: str, conc: int, adapters: int, rank: int = w.rank, popularity: str = "round-robin",
               requests: int | None = None) -> PhaseSpec:
-        n = requests or (4 if name == "tiny" else max(2 * conc, 4, 2 * adapters if adapters > w.slots else 0))
+        # c1: 8 requests, so that a median over them tells a ~20 ms difference of TTFT from noise
+        n = requests or (4 if name == "tiny" else max(2 * conc, 8 if conc == 1 else 4,
+                                                      2 * adapters if adapters > w.slots else 0))
         return PhaseSpec(name=pname, concurrency=conc, adapters=adapters, rank=rank, popularity=popularity,
                          requests=n, input_len=w.input_len, output_len=w.output_len)
 

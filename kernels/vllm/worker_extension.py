@@ -10,6 +10,9 @@ for the compile). Touches ``GPUModelRunner._dummy_run`` (``num_active_loras``, `
 its ``input_ids`` buffer and the worker's LoRA manager, as the releases of
 ``kernels.vllm.versions`` have them.
 
+``loraplex_compiles``: the Triton compiles this worker's process saw after the warm-up
+(``kernels.vllm.cuda.warmup``: loraplex's kernels, and every other with its specialisation key).
+
 ``loraplex_prepare_lora`` / ``loraplex_lora_ready`` / ``loraplex_discard_lora``: an adapter's load
 prepared off the engine's loop before ``add_lora`` (``kernels.vllm.lora_loads``).
 
@@ -33,6 +36,7 @@ WARM_LORA_STEPS = "loraplex_warm_lora_steps"
 PREPARE_LORA = "loraplex_prepare_lora"
 LORA_READY = "loraplex_lora_ready"
 DISCARD_LORA = "loraplex_discard_lora"
+COMPILES = "loraplex_compiles"
 logger = logging.getLogger("vllm.loraplex")
 
 
@@ -60,6 +64,14 @@ class LoraplexWorkerExtension:
         finally:
             manager.remove_all_adapters()
         return seconds
+
+    def loraplex_compiles(self) -> dict[str, list]:
+        """``{"ours": [kernel, ...], "other": [[kernel, seconds, key], ...]}``, in compile order,
+        since this process's warm-up (empty where the watcher is not installed: CPU)."""
+        from kernels.vllm.cuda import warmup
+
+        return {"ours": list(warmup.COMPILES_DURING_SERVING),
+                "other": [list(c) for c in warmup.OTHER_COMPILES]}
 
     def loraplex_prepare_lora(self, lora_request, threads: int) -> bool:
         """Starts preparing an adapter off the engine's loop (``kernels.vllm.lora_loads``);

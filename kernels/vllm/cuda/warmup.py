@@ -34,7 +34,7 @@ OUR_KERNELS = ("_moe_lora_shrink_kernel", "_moe_lora_expand_kernel", "_moe_lora_
                "_dense_lora_expand_kernel", "_routing_inputs_kernel",
                "_swiglu_rows_without_lora_kernel")
 COMPILES_DURING_SERVING: list[str] = []
-OTHER_COMPILES: list[tuple[str, float]] = []  # (kernel, seconds) compiled after the warm-up
+OTHER_COMPILES: list[tuple[str, float, str]] = []  # (kernel, seconds, key) compiled after the warm-up
 _warmed: set[tuple] = set()
 _done: list[bool] = []  # a warm-up has finished in this process
 _done_contexts: ObjectMap[bool] = ObjectMap()  # the layers' LoRA contexts whose shape is warmed up
@@ -136,7 +136,7 @@ def watch_compiles() -> None:
                                       "(key %s): the engine stalls while it compiles", name, ms,
                                       kwargs.get("key"))
             else:
-                OTHER_COMPILES.append((name, ms / 1e3))
+                OTHER_COMPILES.append((name, ms / 1e3, str(kwargs.get("key"))))
                 # the key (its specialization and constants) says which variant the warm-up missed
                 vllm_logger().info("Triton kernel %s compiled after the warm-up in %.0f ms (key %.600s)",
                                    name, ms, kwargs.get("key"))

@@ -232,8 +232,8 @@ def test_compiles_after_the_warm_up_are_reported_and_chained(monkeypatch):
     hook(fn=other, key="k1")
     hook(fn=ours, key="k2")  # no pre-hook call seen: duration unknown, still reported
     assert vllm_cuda_warmup.COMPILES_DURING_SERVING == [ours.name]
-    [(name, seconds)] = vllm_cuda_warmup.OTHER_COMPILES
-    assert name == other.name and 0.02 <= seconds < 5
+    [(name, seconds, key)] = vllm_cuda_warmup.OTHER_COMPILES
+    assert name == other.name and 0.02 <= seconds < 5 and key == "k1"
     assert [kw["key"] for kw in seen] == ["k0", "k1", "k2"]  # vLLM's hooks still see them all
     assert pre_seen == ["k0", "k1"]
 

@@ -1,0 +1,28 @@
+"""The compile sweep's step sizes and summary (the sweep itself needs a CUDA engine: its
+plumbing, the worker's compile list read by RPC, is the same on CPU, where nothing compiles)."""
+
+from benchmarks.profiling.compile_sweep import Compile, Probe, SweepReport, step_sizes, summary
+
+
+def test_step_sizes_cover_every_small_size_and_each_bucket_top_and_offsets():
+    sizes = step_sizes(8192, extra_random=0)
+    assert sizes == sorted(set(sizes)) and sizes[0] == 1 and sizes[-1] == 8192
+    assert set(range(1, 41)) <= set(sizes)
+    for p in (64, 512, 4096, 8192):
+        assert {p, p - 1, p - 2, p - 16, p - 33} <= set(sizes)
+    assert all(1 <= n <= 8192 for n in step_sizes(8192, extra_random=50))
+
+
+def test_step_sizes_stop_at_a_limit_that_is_no_power_of_two():
+    sizes = step_sizes(1000, extra_random=0)
+    assert max(sizes) == 1000 and {999, 967} <= set(sizes) and 1024 not in sizes
+
+
+def test_summary_lists_the_sizes_that_compiled_per_kind():
+    report = SweepReport(warmup_counts=[1, 2], warmup_s=1.0, probes=[
+        Probe(kind="base", tokens=300, seconds=1.2, compiles=[Compile(kernel="k", ms=900.0, key="x")]),
+        Probe(kind="base", tokens=301, seconds=0.1),
+        Probe(kind="8 adapters", tokens=64, seconds=0.1)])
+    text = summary(report)
+    assert "base: 2 step sizes probed, 1 compiled something (1 kernels, 0.9 s): 300" in text
+    assert "8 adapters: 1 step sizes probed, 0 compiled something" in text
