@@ -7,8 +7,14 @@ power of two of per-expert token counts. vLLM's own warm-up covers the CUDA-grap
 only, so a mixed step of, say, 1615 tokens compiled in the middle of serving and stalled every
 stream of the batch for seconds.
 
-``token_counts(limit)``: for each power of two ``p`` up to ``limit``, ``p`` and ``p + 1`` (the
-multiple-of-16 and the unaligned variant of each class), and ``limit`` itself. ``warm_shapes``
+``token_counts(limit)``: for each power of two ``p`` up to ``limit``, ``p``, ``p + 1``, ``p + 2``,
+``p + 4`` and ``p + 8`` (each power-of-two class of ``n`` at each launch bucket: the MXFP4 GEMMs
+specialise on row counts of ``n`` and ``4n``), one step per class of the MoE routing kernels' integer
+arguments (``n``, ``8n``, ``ceil(n / 32)``, ``4 ceil(n / 128)``, each as Triton specialises it:
+``== 1``, ``% 16 == 0`` or neither; the smallest such ``n``), and ``limit`` itself. These classes
+are what ``benchmarks/profiling/compile_sweep.py`` found compiled after the earlier warm-up of
+``p`` and ``p + 1`` only (the keys of the kernels it logs say which argument changed class).
+``warm_shapes``
 sends one request per count, one at a time, so each engine step holds exactly that many tokens:
 a prompt of distinct random token ids (no prefix-cache hit can shorten it) and one output token.
 The ids are drawn from the first ``PROMPT_ID_RANGE`` ids, which every tokenizer holds as ordinary
@@ -48,6 +54,19 @@ class ShapeWarmupReport(BaseModel):
     lora_error: str | None = Field(None, description="Why the LoRA steps did not run (None: they ran, or LoRA is off).")
 
 
+POWER_OFFSETS = (0, 1, 2, 4, 8)
+
+
+def int_class(x: int) -> str:
+    """How Triton specialises an integer argument: ``"1"``, ``"D"`` (a multiple of 16) or ``""``."""
+    return "1" if x == 1 else "D" if x % 16 == 0 else ""
+
+
+def routing_class(n: int) -> tuple[str, ...]:
+    """The classes of the routing kernels' integer arguments that derive from a step of ``n`` tokens."""
+    return int_class(n), int_class(8 * n), int_class(-(-n // 32)), int_class(4 * -(-n // 128))
+
+
 def token_counts(limit: int) -> list[int]:
     """Step sizes that cover every token-count class up to ``limit`` (sorted, unique, ≥ 1)."""
     if limit < 1:
@@ -55,10 +74,12 @@ def token_counts(limit: int) -> list[int]:
     out = {limit}
     p = 1
     while p <= limit:
-        out.add(p)
-        if p + 1 <= limit:
-            out.add(p + 1)
+        out.update(p + d for d in POWER_OFFSETS if p + d <= limit)
         p *= 2
+    first_of_class: dict[tuple[str, ...], int] = {}
+    for n in range(1, limit + 1):
+        first_of_class.setdefault(routing_class(n), n)
+    out.update(first_of_class.values())
     return sorted(out)
 
 
