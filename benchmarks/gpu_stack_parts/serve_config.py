@@ -2,8 +2,9 @@
 system gets from it.
 
 Changed: the HTTP host (127.0.0.1); ``HF_HOME`` (a folder of the run) and, for the random-weight
-model, ``LORAPLEX_BALANCED_DUMMY=1`` in the replicas' environment; the store (``s3://`` on the
-local S3 server), the tenants file, the disk cache (a folder of the run, bounded to what the
+model, ``LORAPLEX_BALANCED_DUMMY=1`` in the replicas' environment (and
+``LORAPLEX_PROFILE_ADAPTER_LOADS`` where this process has it: profiles of the engine's adapter
+loads); the store (``s3://`` on the local S3 server), the tenants file, the disk cache (a folder of the run, bounded to what the
 plan's adapters need at most); the engine's model (and ``load_format: dummy``, or the CPU
 settings of the embedded model); one engine replica and one gateway replica instead of
 autoscaling (no GPU on the CPU host). Everything else is the file's.
@@ -18,12 +19,14 @@ loraplex's scheduler and worker methods (vLLM's own instead), and
 from __future__ import annotations
 
 import copy
+import os
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from benchmarks.gpu_stack_parts.assets import ModelAssets
+from kernels.vllm.lora_loads import PROFILE_ENV
 from tests.helpers.paths import REPO
 
 H200_CONFIG = REPO / "deploy" / "h200.yaml"
@@ -40,6 +43,8 @@ def host_config(assets: ModelAssets, workdir: Path, store_uri: str, s3_endpoint:
     env["HF_HOME"] = str(workdir / "hf")
     if assets.balanced_dummy:
         env.update(BALANCED_ENV)
+    if profiles := os.environ.get(PROFILE_ENV):
+        env[PROFILE_ENV] = profiles
     args = app["args"]
     args.update(store_uri=store_uri, s3_endpoint_url=s3_endpoint, tenants_file=str(tenants_file),
                 cache_dir=str(workdir / "cache"))

@@ -11,6 +11,10 @@ stepping. The frontend's ``add_lora`` then finds the prepared ``LoRAModel`` (the
 ``_load_adapter`` returns it), and the manager's own merge pass, run again at registration, finds
 nothing left to do (packed already, scaling 1, experts restacked, tensors pinned).
 
+``LORAPLEX_PROFILE_ADAPTER_LOADS=DIR`` in the engine's environment profiles each preparation
+(``cProfile``, the preparing thread only) into ``DIR/<adapter>.pstats`` and logs its costliest
+calls: where the host time of a load goes inside the engine process.
+
 Invariant: an entry lives from ``prepare`` until ``add_lora`` takes it or ``discard`` drops it; a
 failed preparation is dropped when reported, so the plain ``add_lora`` after it loads again inside
 the loop and raises vLLM's own error.
@@ -28,6 +32,7 @@ from typing import Any
 from kernels.vllm.patching import Patches
 
 logger = logging.getLogger("vllm.loraplex")
+PROFILE_ENV = "LORAPLEX_PROFILE_ADAPTER_LOADS"
 LOAD_WORKERS = 2  # adapters prepared at once
 
 _lock = threading.Lock()
@@ -78,6 +83,26 @@ def prepare(manager: Any, lora_request: Any, threads: int) -> bool:
 
 
 def _load(manager: Any, lora_request: Any, threads: int) -> Any:
+    if not (folder := os.environ.get(PROFILE_ENV)):
+        return _prepare(manager, lora_request, threads)
+    import cProfile
+    import io
+    import pstats
+    from pathlib import Path
+
+    profile = cProfile.Profile()
+    try:
+        return profile.runcall(_prepare, manager, lora_request, threads)
+    finally:
+        out = Path(folder) / f"{lora_request.lora_name.replace('/', '_')}.pstats"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        profile.dump_stats(out)
+        text = io.StringIO()
+        pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(15)
+        logger.info("adapter %s preparation profile (%s):\n%s", lora_request.lora_name, out, text.getvalue())
+
+
+def _prepare(manager: Any, lora_request: Any, threads: int) -> Any:
     import torch
 
     if threads > 0:  # OpenMP: this thread's parallel regions; the loop thread keeps its own count

@@ -96,3 +96,15 @@ def test_nested_wrappers_let_the_preparing_thread_load(installed):
         assert lora_loads.held() == []
     finally:
         outer.undo()
+
+
+def test_a_profiled_preparation_writes_its_profile(installed, monkeypatch, tmp_path):
+    """``LORAPLEX_PROFILE_ADAPTER_LOADS``: the preparation (here one whose loader fails) leaves a
+    readable profile naming vLLM's loader."""
+    import pstats
+
+    monkeypatch.setenv(lora_loads.PROFILE_ENV, str(tmp_path / "profiles"))
+    assert lora_loads.prepare(_Manager(), _request(30), threads=0)
+    _wait_ready(30)
+    stats = pstats.Stats(str(tmp_path / "profiles" / "a30.pstats"))
+    assert any(name == "_load_adapter" for _, _, name in stats.stats)
