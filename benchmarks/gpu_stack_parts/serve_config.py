@@ -4,8 +4,8 @@ system gets from it.
 Changed: the HTTP host (127.0.0.1); ``HF_HOME`` (a folder of the run) and, for the random-weight
 model, ``LORAPLEX_BALANCED_DUMMY=1`` in the replicas' environment (and
 ``LORAPLEX_PROFILE_ADAPTER_LOADS`` where this process has it: profiles of the engine's adapter
-loads); the store (``s3://`` on the local S3 server), the tenants file, the disk cache (a folder of the run, bounded to what the
-plan's adapters need at most); the engine's model (and ``load_format: dummy``, or the CPU
+loads); the store (``s3://`` on the local S3 server), the tenants file, the disk cache (a
+folder of the run, bounded to what the plan's adapters need at most); the engine's model (and ``load_format: dummy``, or the CPU
 settings of the embedded model); one engine replica and one gateway replica instead of
 autoscaling (no GPU on the CPU host). Everything else is the file's.
 
