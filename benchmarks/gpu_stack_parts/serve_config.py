@@ -5,9 +5,9 @@ Changed: the HTTP host (127.0.0.1); ``HF_HOME`` (a folder of the run) and, for t
 model, ``LORAPLEX_BALANCED_DUMMY=1`` in the replicas' environment (and
 ``LORAPLEX_PROFILE_ADAPTER_LOADS`` where this process has it: profiles of the engine's adapter
 loads); the store (``s3://`` on the local S3 server), the tenants file, the disk cache (a
-folder of the run, bounded to what the plan's adapters need at most); the engine's model (and ``load_format: dummy``, or the CPU
-settings of the embedded model); one engine replica and one gateway replica instead of
-autoscaling (no GPU on the CPU host). Everything else is the file's.
+folder of the run, bounded to what the plan's adapters need at most); the engine's model (and
+``load_format: dummy``, or the CPU settings of the embedded model); one engine replica and one
+gateway replica instead of autoscaling (no GPU on the CPU host). Everything else is the file's.
 
 The other systems get the engine arguments loraplex's replica gives vLLM for that engine section
 (``app.engine.vllm_serving.engine_kwargs``: the same LoRA targets, slots, rank, batch sizes,
