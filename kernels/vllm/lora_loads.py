@@ -5,9 +5,9 @@ vLLM runs ``add_lora`` inside the engine core's busy loop: reading the files, re
 tensors into its slot layout, folding the scaling into B and pinning every tensor happen there,
 one adapter after another, and every stream of the batch waits meanwhile. Here the worker
 prepares the adapter first (``prepare``, through ``LoraplexWorkerExtension``): a thread of its own
-runs vLLM's loader (``WorkerLoRAManager._load_adapter``, the original) and its manager's
-``_create_merged_loras_inplace`` with ``threads`` intra-op threads; the engine's loop keeps
-stepping. The frontend's ``add_lora`` then finds the prepared ``LoRAModel`` (the wrapped
+runs vLLM's loader (``WorkerLoRAManager._load_adapter``, the original; tensors read unpinned, see
+``install``) and its manager's ``_create_merged_loras_inplace`` with ``threads`` intra-op
+threads; the engine's loop keeps stepping. The frontend's ``add_lora`` then finds the prepared ``LoRAModel`` (the wrapped
 ``_load_adapter`` returns it), and the manager's own merge pass, run again at registration, finds
 nothing left to do (packed already, scaling 1, experts restacked, tensors pinned).
 
@@ -43,8 +43,15 @@ _local = threading.local()  # .preparing: this thread prepares a load (the wrapp
 
 
 def install(patches: Patches) -> None:
-    """Wraps ``WorkerLoRAManager._load_adapter`` so a prepared adapter is taken, not loaded again."""
+    """Wraps ``WorkerLoRAManager._load_adapter`` so a prepared adapter is taken, not loaded again,
+    and reads adapters unpinned (``lora_model.PIN_MEMORY``): vLLM pins every tensor as it reads it
+    and, after its merge pass (packing, expert restacking), pins the merged tensors again, so the
+    first pinning of every packed or restacked tensor, most of an MoE adapter's bytes, is thrown
+    away. Read unpinned, each tensor is pinned once, after the merge, as before."""
+    import vllm.lora.lora_model as lora_model_module
     from vllm.lora.worker_manager import WorkerLoRAManager
+
+    patches.replace(lora_model_module, "PIN_MEMORY", False)
 
     def make(load):
         global _original_load

@@ -108,3 +108,19 @@ def test_a_profiled_preparation_writes_its_profile(installed, monkeypatch, tmp_p
     _wait_ready(30)
     stats = pstats.Stats(str(tmp_path / "profiles" / "a30.pstats"))
     assert any(name == "_load_adapter" for _, _, name in stats.stats)
+
+
+def test_adapters_are_read_unpinned_while_installed(monkeypatch):
+    """vLLM pins what it reads and pins the merged tensors again: installed, the read does not pin
+    (the merge pass's pinning stays); undone, vLLM's flag is back."""
+    import vllm.lora.lora_model as lora_model_module
+
+    monkeypatch.setattr(lora_model_module, "PIN_MEMORY", True)  # as on a CUDA host
+    monkeypatch.setattr(lora_loads, "_original_load", lora_loads._original_load)
+    patches = Patches("unpinned reads")
+    lora_loads.install(patches)
+    try:
+        assert lora_model_module.PIN_MEMORY is False
+    finally:
+        patches.undo()
+    assert lora_model_module.PIN_MEMORY is True
