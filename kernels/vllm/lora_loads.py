@@ -8,8 +8,8 @@ prepares the adapter first (``prepare``, through ``LoraplexWorkerExtension``): a
 runs vLLM's loader (``WorkerLoRAManager._load_adapter``, the original; tensors read unpinned, see
 ``install``) and its manager's ``_create_merged_loras_inplace`` with ``threads`` intra-op
 threads; the engine's loop keeps stepping. The frontend's ``add_lora`` then finds the prepared
-``LoRAModel`` (the wrapped ``_load_adapter`` returns it), and the manager's own merge pass, run again at registration, finds
-nothing left to do (packed already, scaling 1, experts restacked, tensors pinned).
+``LoRAModel`` (the wrapped ``_load_adapter`` returns it), and the manager's own merge pass, run
+again at registration, finds nothing left to do (packed already, scaling 1, experts restacked, tensors pinned).
 
 ``LORAPLEX_PROFILE_ADAPTER_LOADS=DIR`` in the engine's environment profiles each preparation
 (``cProfile``, the preparing thread only) into ``DIR/<adapter>.pstats`` and logs its costliest
