@@ -4,10 +4,10 @@
 
 Starts the engine of SERVE_CONFIG's loraplex engine section in process (as the engine alone of
 ``benchmarks.gpu_stack`` does: ``engine_from_config``), runs the replica's shape warm-up, loads 8
-adapters of DIR (its first 8 sub-folders, sorted), then probes one step size at a time: a request
-of ``n`` prompt tokens and one output token as the base model, the same with one adapter, and ``n``
-tokens split over 8 requests of 8 adapters sent together (one step of ``n`` tokens, 8 adapters
-active, as a served batch has them). After each probe the engine worker's compile list
+adapters of DIR (its first 8 adapter folders, sorted; or DIR itself, one adapter, under 8 names),
+then probes one step size at a time: a request of ``n`` prompt tokens and one output token as the
+base model, the same with one adapter, and ``n`` tokens split over 8 requests of 8 adapters sent
+together (one step of ``n`` tokens, 8 adapters active, as a served batch has them). After each probe the engine worker's compile list
 (``kernels.vllm.worker_extension``'s ``loraplex_compiles``) says what it compiled: kernel, ms,
 Triton's specialisation key. The keys say which argument classes the warm-up's step sizes miss.
 
@@ -32,6 +32,7 @@ from pydantic import BaseModel, Field
 
 OFFSETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 31, 33, 48)
 KINDS = ("base", "one adapter", "8 adapters")
+SLOTS = 8
 
 
 class Compile(BaseModel):
@@ -73,6 +74,17 @@ def step_sizes(limit: int, extra_random: int, seed: int = 0) -> list[int]:
     return sorted(sizes)
 
 
+def adapter_folders(path: Path, error) -> dict[str, Path]:
+    """8 adapters by name: the first 8 adapter folders in ``path`` (sorted), or ``path`` itself 8
+    times under 8 names when it is one adapter folder (the kernels depend on shapes, not weights)."""
+    if (path / "adapter_config.json").is_file():
+        return {f"{path.name}-{i}": path for i in range(SLOTS)}
+    folders = sorted(p for p in path.iterdir() if (p / "adapter_config.json").is_file())[:SLOTS]
+    if len(folders) < SLOTS:
+        error(f"{path} holds {len(folders)} adapter folders; {SLOTS} are needed (or give one adapter folder)")
+    return {p.name: p for p in folders}
+
+
 async def compiles_so_far(engine: Any) -> list[Compile]:
     from kernels.vllm.worker_extension import COMPILES
 
@@ -105,7 +117,7 @@ async def probe(engine: Any, kind: str, n: int, loras: list[Any], rng: random.Ra
     return time.perf_counter() - t0
 
 
-async def sweep(serve_config: Path, adapters: list[Path], extra_random: int, kinds: list[str]) -> SweepReport:
+async def sweep(serve_config: Path, adapters: dict[str, Path], extra_random: int, kinds: list[str]) -> SweepReport:
     from app.config import AppConfig
     from app.engine import shape_warmup
     from app.engine.vllm_serving import engine_limits
@@ -120,7 +132,7 @@ async def sweep(serve_config: Path, adapters: list[Path], extra_random: int, kin
         report = SweepReport(warmup_counts=warm.token_counts, warmup_s=round(time.perf_counter() - t0, 2))
         limits = engine_limits(engine)
         vocab = min(limits.vocab_size, shape_warmup.PROMPT_ID_RANGE)
-        loras = list(lora_requests({p.name: p for p in adapters}).values())
+        loras = list(lora_requests(adapters).values())
         rng = random.Random(1)
         seen = len(await compiles_so_far(engine))
         await asyncio.gather(*(generate(engine, [rng.randrange(vocab) for _ in range(16)], lora) for lora in loras))
@@ -161,7 +173,8 @@ def summary(report: SweepReport) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("serve_config", type=Path)
-    ap.add_argument("--adapters", type=Path, required=True, help="Folder of PEFT adapter folders (the first 8 used).")
+    ap.add_argument("--adapters", type=Path, required=True,
+                    help="A folder of PEFT adapter folders (the first 8 used), or one adapter folder (used 8 times).")
     ap.add_argument("--random", type=int, default=60, help="Further step sizes drawn uniformly.")
     ap.add_argument("--kinds", default=",".join(KINDS), help="Comma-separated subset of: " + ", ".join(KINDS))
     ap.add_argument("--json", type=Path)
@@ -169,10 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     kinds = [k.strip() for k in a.kinds.split(",") if k.strip()]
     if unknown := set(kinds) - set(KINDS):
         ap.error(f"unknown kinds {sorted(unknown)}")
-    adapters = sorted(p for p in a.adapters.iterdir() if p.is_dir())[:8]
-    if len(adapters) < 8:
-        ap.error(f"{a.adapters} holds {len(adapters)} adapter folders; 8 are needed")
-    report = asyncio.run(sweep(a.serve_config, adapters, a.random, kinds))
+    report = asyncio.run(sweep(a.serve_config, adapter_folders(a.adapters, ap.error), a.random, kinds))
     print(summary(report))
     if a.json:
         a.json.write_text(json.dumps(report.model_dump(), indent=1))

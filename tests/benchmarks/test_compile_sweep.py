@@ -1,6 +1,8 @@
 """The compile sweep's step sizes and summary (the sweep itself needs a CUDA engine: its
 plumbing, the worker's compile list read by RPC, is the same on CPU, where nothing compiles)."""
 
+import pytest
+
 from benchmarks.profiling.compile_sweep import Compile, Probe, SweepReport, step_sizes, summary
 
 
@@ -26,3 +28,26 @@ def test_summary_lists_the_sizes_that_compiled_per_kind():
     text = summary(report)
     assert "base: 2 step sizes probed, 1 compiled something (1 kernels, 0.9 s): 300" in text
     assert "8 adapters: 1 step sizes probed, 0 compiled something" in text
+
+
+def test_adapters_are_a_folder_of_folders_or_one_folder_used_eight_times(tmp_path):
+    from benchmarks.profiling.compile_sweep import adapter_folders
+
+    def fail(msg):
+        raise ValueError(msg)
+
+    one = tmp_path / "one"
+    one.mkdir()
+    (one / "adapter_config.json").write_text("{}")
+    assert adapter_folders(one, fail) == {f"one-{i}": one for i in range(8)}
+    many = tmp_path / "many"
+    for i in range(9):
+        (many / f"a{i}").mkdir(parents=True)
+        (many / f"a{i}" / "adapter_config.json").write_text("{}")
+    (many / "not-an-adapter").mkdir()
+    assert list(adapter_folders(many, fail)) == [f"a{i}" for i in range(8)]
+    (many / "a0" / "adapter_config.json").unlink()
+    for i in range(1, 9):
+        (many / f"a{i}" / "adapter_config.json").unlink()
+    with pytest.raises(ValueError, match="holds 0 adapter folders"):
+        adapter_folders(many, fail)
