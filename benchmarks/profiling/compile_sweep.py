@@ -7,9 +7,10 @@ Starts the engine of SERVE_CONFIG's loraplex engine section in process (as the e
 adapters of DIR (its first 8 adapter folders, sorted; or DIR itself, one adapter, under 8 names),
 then probes one step size at a time: a request of ``n`` prompt tokens and one output token as the
 base model, the same with one adapter, and ``n`` tokens split over 8 requests of 8 adapters sent
-together (one step of ``n`` tokens, 8 adapters active, as a served batch has them). After each probe the engine worker's compile list
-(``kernels.vllm.worker_extension``'s ``loraplex_compiles``) says what it compiled: kernel, ms,
-Triton's specialisation key. The keys say which argument classes the warm-up's step sizes miss.
+together (one step of ``n`` tokens, 8 adapters active, as a served batch has them). After each
+probe the engine worker's compile list (``kernels.vllm.worker_extension``'s ``loraplex_compiles``)
+says what it compiled: kernel, ms, Triton's specialisation key. The keys say which argument
+classes the warm-up's step sizes miss.
 
 Step sizes: every ``n`` up to 40, and per power-of-two bucket ``(p/2, p]`` up to the engine's one-step
 limit its top ``p`` and ``p - d`` for ``d`` in ``OFFSETS``, plus ``--random`` sizes drawn uniformly.
