@@ -57,15 +57,14 @@ class EngineOutput(BaseModel):
 
 
 async def run_job(job: EngineJob, out_path: Path) -> EngineOutput:
-    from app.config import AppConfig
+    from benchmarks.gpu_stack_parts.serve_config import engine_config
     from benchmarks.loadgen.engine_target import (
         EngineTarget,
         engine_from_config,
         lora_requests,
     )
 
-    args = yaml.safe_load(job.serve_config.read_text())["applications"][0]["args"]
-    cfg = AppConfig.model_validate(args).engine.model_copy(update=job.engine_update)
+    cfg = engine_config(yaml.safe_load(job.serve_config.read_text())).model_copy(update=job.engine_update)
     out = EngineOutput()
     t0 = time.perf_counter()
     engine = engine_from_config(cfg)

@@ -119,13 +119,12 @@ async def probe(engine: Any, kind: str, n: int, loras: list[Any], rng: random.Ra
 
 
 async def sweep(serve_config: Path, adapters: dict[str, Path], extra_random: int, kinds: list[str]) -> SweepReport:
-    from app.config import AppConfig
     from app.engine import shape_warmup
     from app.engine.vllm_serving import engine_limits
+    from benchmarks.gpu_stack_parts.serve_config import engine_config
     from benchmarks.loadgen.engine_target import engine_from_config, lora_requests
 
-    args = yaml.safe_load(serve_config.read_text())["applications"][0]["args"]
-    cfg = AppConfig.model_validate(args).engine
+    cfg = engine_config(yaml.safe_load(serve_config.read_text()))
     engine = engine_from_config(cfg)
     try:
         t0 = time.perf_counter()
@@ -139,9 +138,9 @@ async def sweep(serve_config: Path, adapters: dict[str, Path], extra_random: int
         await asyncio.gather(*(generate(engine, [rng.randrange(vocab) for _ in range(16)], lora) for lora in loras))
         now = await compiles_so_far(engine)
         report.adapter_load_compiles, seen = now[seen:], len(now)
+        sizes = step_sizes(shape_warmup.step_limit(limits.max_num_batched_tokens, limits.max_model_len), extra_random)
         for kind in kinds:
-            for n in step_sizes(shape_warmup.step_limit(limits.max_num_batched_tokens, limits.max_model_len),
-                                extra_random):
+            for n in sizes:
                 if kind == "8 adapters" and n < len(loras):
                     continue
                 s = await probe(engine, kind, n, loras, rng, vocab)
