@@ -130,6 +130,13 @@ class EngineConfig(_Strict):
         "engine keeps stepping (kernels.vllm.lora_loads); add_lora then only registers it. 0: vLLM's way, the whole "
         "load inside the engine's loop, one adapter at a time, every stream of the batch waiting.",
     )
+    adapter_pinning: Literal["deferred", "eager"] = Field(
+        "deferred", description="Where the engine runs on a GPU, when a prepared adapter's host copy is page-locked "
+        "(kernels.vllm.lora_pinning): 'eager' before add_lora, as vLLM does (its first copies into a slot are DMA); "
+        "'deferred' after add_lora, in a thread of the engine process, so a cold adapter serves without waiting for "
+        "it (copies into a slot read pageable memory until it is done). Loads not prepared off the loop "
+        "(adapter_load_threads 0) are pinned as vLLM pins them.",
+    )
     shape_warmup: bool = Field(
         True, description="Before the replica takes traffic, one base-model step of every token-count class up to "
         "max_num_batched_tokens (app.engine.shape_warmup), so kernels that compile a variant per class do it then, "

@@ -97,7 +97,7 @@ class EngineServer:
         self.registry_metrics = registry_metrics = ReplicaRegistryMetrics(self.recorder.labels, self.replica)
         self.cache = AdapterCache(self.cfg.resolved_cache_dir() / _cache_name(), self.cfg.cache_max_bytes,
                                   observer=registry_metrics)
-        self.lora_ops = vllm_serving.ServingLoraOps(self.serving, ecfg.adapter_load_threads)
+        self.lora_ops = vllm_serving.ServingLoraOps(self.serving, ecfg.adapter_load_threads, ecfg.adapter_pinning)
         self.slots = AdapterSlots(
             self.lora_ops, self.cache, ecfg.max_cpu_loras,
             base=_base_model_info(ecfg.resolved_model()), max_lora_rank=ecfg.max_lora_rank,

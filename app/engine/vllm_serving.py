@@ -324,13 +324,14 @@ class ServingLoraOps:
     with the engine (added after ``add_lora`` succeeds, removed before ``remove_lora``).
     """
 
-    def __init__(self, serving: OpenAIServing, load_threads: int = 0):
+    def __init__(self, serving: OpenAIServing, load_threads: int = 0, pinning: str = "deferred"):
         self._engine = serving.engine
         self._models = serving.models
         # > 0: loads prepared off the engine's loop, on that many torch threads where the engine runs
         # on a GPU (a CPU engine's threads are its inference's: the preparation keeps the default)
         self._load_threads = 0 if _is_cpu() else load_threads
         self._prepares = load_threads > 0
+        self._pinning = pinning  # a prepared adapter's host copy pinned before add_lora or after it
         self.prepared = 0  # adapters whose load the worker prepared before add_lora
 
     async def add_lora(self, lora_request) -> bool:
@@ -353,7 +354,8 @@ class ServingLoraOps:
         if not self._prepares:
             return False
         try:
-            started = await self._engine.collective_rpc(PREPARE_LORA, args=(lora_request, self._load_threads))
+            started = await self._engine.collective_rpc(PREPARE_LORA,
+                                                        args=(lora_request, self._load_threads, self._pinning))
         except Exception as e:  # noqa: BLE001 - not available in this engine: vLLM's own load
             self._prepares = False
             logger.warning("adapter loads stay inside the engine's loop: %s", e)

@@ -5,15 +5,17 @@ vLLM runs ``add_lora`` inside the engine core's busy loop: reading the files, re
 tensors into its slot layout, folding the scaling into B and pinning every tensor happen there,
 one adapter after another, and every stream of the batch waits meanwhile. Here the worker
 prepares the adapter first (``prepare``, through ``LoraplexWorkerExtension``): a thread of its own
-runs vLLM's loader (``WorkerLoRAManager._load_adapter``, the original; tensors read unpinned, see
-``install``) and its manager's ``_create_merged_loras_inplace`` with ``threads`` intra-op
-threads; the engine's loop keeps stepping. The frontend's ``add_lora`` then finds the prepared
-``LoRAModel`` (the wrapped ``_load_adapter`` returns it), and the manager's own merge pass, run
-again at registration, finds nothing left to do (packed already, scaling 1, experts restacked, tensors pinned).
+runs vLLM's loader (``WorkerLoRAManager._load_adapter``, the original; tensors read unpinned) and
+its manager's ``_create_merged_loras_inplace`` with ``threads`` intra-op threads, then pins the
+result or leaves that for after registration (``kernels.vllm.lora_pinning``); the engine's loop
+keeps stepping. The frontend's ``add_lora`` then finds the prepared ``LoRAModel`` (the wrapped
+``_load_adapter`` returns it), and the manager's own merge pass, run again at registration, finds
+nothing left to do (packed already, scaling 1, experts restacked).
 
-``LORAPLEX_PROFILE_ADAPTER_LOADS=DIR`` in the engine's environment profiles each preparation
-(``cProfile``, the preparing thread only) into ``DIR/<adapter>.pstats`` and logs its costliest
-calls: where the host time of a load goes inside the engine process.
+``LORAPLEX_PROFILE_ADAPTER_LOADS=DIR`` in the engine's environment profiles preparations
+(``cProfile``) into ``DIR/<adapter>.pstats`` and logs their costliest calls. One at a time: on
+Python 3.12 a profile is process-wide (every thread's calls) and a second cannot start while one
+runs, so a preparation that starts meanwhile runs unprofiled.
 
 Invariant: an entry lives from ``prepare`` until ``add_lora`` takes it or ``discard`` drops it; a
 failed preparation is dropped when reported, so the plain ``add_lora`` after it loads again inside
@@ -24,11 +26,13 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from kernels.vllm import lora_pinning
 from kernels.vllm.patching import Patches
 
 logger = logging.getLogger("vllm.loraplex")
@@ -40,18 +44,15 @@ _prepared: dict[int, Future] = {}  # lora_int_id -> the LoRAModel being prepared
 _pool: ThreadPoolExecutor | None = None
 _original_load: Any = None  # WorkerLoRAManager._load_adapter as wrapped last (vLLM's, or an earlier wrapper of ours)
 _local = threading.local()  # .preparing: this thread prepares a load (the wrappers must not take it)
+_profiling = threading.Lock()  # held while a preparation is profiled
 
 
 def install(patches: Patches) -> None:
-    """Wraps ``WorkerLoRAManager._load_adapter`` so a prepared adapter is taken, not loaded again,
-    and reads adapters unpinned (``lora_model.PIN_MEMORY``): vLLM pins every tensor as it reads it
-    and, after its merge pass (packing, expert restacking), pins the merged tensors again, so the
-    first pinning of every packed or restacked tensor, most of an MoE adapter's bytes, is thrown
-    away. Read unpinned, each tensor is pinned once, after the merge, as before."""
-    import vllm.lora.lora_model as lora_model_module
+    """Wraps ``WorkerLoRAManager._load_adapter`` so a prepared adapter is taken, not loaded again;
+    pinning moves out of vLLM's reader and merge pass (``kernels.vllm.lora_pinning``)."""
     from vllm.lora.worker_manager import WorkerLoRAManager
 
-    patches.replace(lora_model_module, "PIN_MEMORY", False)
+    lora_pinning.install(patches)
 
     def make(load):
         global _original_load
@@ -74,24 +75,35 @@ def install(patches: Patches) -> None:
     patches.wrap(WorkerLoRAManager, "_load_adapter", make)
 
 
-def prepare(manager: Any, lora_request: Any, threads: int) -> bool:
-    """Starts preparing ``lora_request`` for ``manager`` (the worker's ``WorkerLoRAManager``);
+def prepare(manager: Any, lora_request: Any, threads: int, pinning: lora_pinning.Pinning = lora_pinning.EAGER) -> bool:
+    """Starts preparing ``lora_request`` for ``manager`` (the worker's ``WorkerLoRAManager``), its
+    host copy pinned before ``add_lora`` (``EAGER``) or after its registration (``DEFERRED``);
     False when it is registered or being prepared already."""
     global _pool
     if _original_load is None:
         raise RuntimeError("loraplex's adapter loads are not installed in this process")
+    if pinning not in (lora_pinning.EAGER, lora_pinning.DEFERRED):
+        raise ValueError(f"pinning must be {lora_pinning.EAGER!r} or {lora_pinning.DEFERRED!r}, not {pinning!r}")
     with _lock:
         if lora_request.lora_int_id in _prepared or lora_request.lora_int_id in manager.list_adapters():
             return False
         if _pool is None:
             _pool = ThreadPoolExecutor(LOAD_WORKERS, thread_name_prefix="loraplex-lora-load")
-        _prepared[lora_request.lora_int_id] = _pool.submit(_load, manager, lora_request, threads)
+        _prepared[lora_request.lora_int_id] = _pool.submit(_load, manager, lora_request, threads, pinning)
     return True
 
 
-def _load(manager: Any, lora_request: Any, threads: int) -> Any:
-    if not (folder := os.environ.get(PROFILE_ENV)):
-        return _prepare(manager, lora_request, threads)
+def _load(manager: Any, lora_request: Any, threads: int, pinning: str) -> Any:
+    folder = os.environ.get(PROFILE_ENV)
+    if not folder or not _profiling.acquire(blocking=False):  # one profile at a time (see the module's doc)
+        return _prepare(manager, lora_request, threads, pinning)
+    try:
+        return _profiled(folder, manager, lora_request, threads, pinning)
+    finally:
+        _profiling.release()
+
+
+def _profiled(folder: str, manager: Any, lora_request: Any, threads: int, pinning: str) -> Any:
     import cProfile
     import io
     import pstats
@@ -99,17 +111,27 @@ def _load(manager: Any, lora_request: Any, threads: int) -> Any:
 
     profile = cProfile.Profile()
     try:
-        return profile.runcall(_prepare, manager, lora_request, threads)
+        profile.enable()
+    except ValueError as e:  # another profiler of this process (a debugger, a sampler): none here
+        logger.warning("adapter %s: preparation not profiled: %s", lora_request.lora_name, e)
+        return _prepare(manager, lora_request, threads, pinning)
+    try:
+        return _prepare(manager, lora_request, threads, pinning)
     finally:
-        out = Path(folder) / f"{lora_request.lora_name.replace('/', '_')}.pstats"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        profile.dump_stats(out)
-        text = io.StringIO()
-        pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(15)
-        logger.info("adapter %s preparation profile (%s):\n%s", lora_request.lora_name, out, text.getvalue())
+        profile.disable()
+        try:
+            out = Path(folder) / f"{re.sub(r'[^A-Za-z0-9._-]', '_', lora_request.lora_name)}.pstats"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            profile.dump_stats(out)
+            text = io.StringIO()
+            pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(15)
+            logger.info("adapter %s preparation profile, every thread of the process (%s):\n%s",
+                        lora_request.lora_name, out, text.getvalue())
+        except Exception:  # noqa: BLE001 - the profile is lost, the preparation is not
+            logger.exception("adapter %s: writing the preparation's profile failed", lora_request.lora_name)
 
 
-def _prepare(manager: Any, lora_request: Any, threads: int) -> Any:
+def _prepare(manager: Any, lora_request: Any, threads: int, pinning: str) -> Any:
     import torch
 
     if threads > 0:  # OpenMP: this thread's parallel regions; the loop thread keeps its own count
@@ -121,10 +143,18 @@ def _prepare(manager: Any, lora_request: Any, threads: int) -> Any:
     finally:
         _local.preparing = False
     t1 = time.perf_counter()
+    setattr(lora, lora_pinning.MARK, lora_pinning.PREPARING)  # the merge pass below leaves pinning to us
     manager._adapter_manager._create_merged_loras_inplace(lora)
     t2 = time.perf_counter()
-    logger.info("adapter %s prepared off the loop in %.3f s: read %.3f s, merge %.3f s (%d torch threads; "
-                "OMP_NUM_THREADS=%s)", lora_request.lora_name, t2 - t0, t1 - t0, t2 - t1,
+    if pinning == lora_pinning.EAGER:
+        size, _ = lora_pinning.pin(lora)
+        pinned = f"pin {time.perf_counter() - t2:.3f} s ({size / (1 << 20):.0f} MiB)"
+    else:
+        setattr(lora, lora_pinning.MARK, lora_pinning.DEFERRED)
+        pinned = "pinning after registration"
+    t3 = time.perf_counter()
+    logger.info("adapter %s prepared off the loop in %.3f s: read %.3f s, merge %.3f s, %s (%d torch threads; "
+                "OMP_NUM_THREADS=%s)", lora_request.lora_name, t3 - t0, t1 - t0, t2 - t1, pinned,
                 torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS"))
     return lora
 
@@ -161,9 +191,11 @@ def held() -> list[int]:
 
 
 def reset() -> None:
-    """Forgets every preparation and the wrapped loader (a process's patches undone; tests)."""
+    """Forgets every preparation, the wrapped loader and scheduled pinning (a process's patches
+    undone; tests)."""
     global _original_load
     _original_load = None
+    lora_pinning.reset()
     with _lock:
         for f in _prepared.values():
             f.cancel()

@@ -73,9 +73,10 @@ class LoraplexWorkerExtension:
         return {"ours": list(warmup.COMPILES_DURING_SERVING),
                 "other": [list(c) for c in warmup.OTHER_COMPILES]}
 
-    def loraplex_prepare_lora(self, lora_request, threads: int) -> bool:
-        """Starts preparing an adapter off the engine's loop (``kernels.vllm.lora_loads``);
-        ``lora_request`` arrives as vLLM's RPC encodes a ``LoRARequest`` (a list: array-like)."""
+    def loraplex_prepare_lora(self, lora_request, threads: int, pinning: str = "eager") -> bool:
+        """Starts preparing an adapter off the engine's loop (``kernels.vllm.lora_loads``), pinned
+        before ``add_lora`` or after (``pinning``: ``kernels.vllm.lora_pinning``); ``lora_request``
+        arrives as vLLM's RPC encodes a ``LoRARequest`` (a list: array-like)."""
         import msgspec
         from vllm.lora.request import LoRARequest
 
@@ -83,7 +84,7 @@ class LoraplexWorkerExtension:
 
         if not isinstance(lora_request, LoRARequest):
             lora_request = msgspec.convert(lora_request, LoRARequest)
-        return lora_loads.prepare(self.model_runner.lora_manager, lora_request, threads)
+        return lora_loads.prepare(self.model_runner.lora_manager, lora_request, threads, pinning)
 
     def loraplex_lora_ready(self, lora_int_id: int) -> bool:
         from kernels.vllm import lora_loads

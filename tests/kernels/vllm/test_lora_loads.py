@@ -110,17 +110,24 @@ def test_a_profiled_preparation_writes_its_profile(installed, monkeypatch, tmp_p
     assert any(name == "_load_adapter" for _, _, name in stats.stats)
 
 
-def test_adapters_are_read_unpinned_while_installed(monkeypatch):
-    """vLLM pins what it reads and pins the merged tensors again: installed, the read does not pin
-    (the merge pass's pinning stays); undone, vLLM's flag is back."""
-    import vllm.lora.lora_model as lora_model_module
+def test_one_preparation_is_profiled_at_a_time(installed, monkeypatch, tmp_path):
+    """Two preparations at once with profiling on (a process-wide profile on Python 3.12): one is
+    profiled, the other runs unprofiled instead of failing; a name's odd characters leave the file
+    name."""
+    monkeypatch.setenv(lora_loads.PROFILE_ENV, str(tmp_path / "profiles"))
+    both = threading.Barrier(2, timeout=30)
+    original = lora_loads._original_load
 
-    monkeypatch.setattr(lora_model_module, "PIN_MEMORY", True)  # as on a CUDA host
-    monkeypatch.setattr(lora_loads, "_original_load", lora_loads._original_load)
-    patches = Patches("unpinned reads")
-    lora_loads.install(patches)
-    try:
-        assert lora_model_module.PIN_MEMORY is False
-    finally:
-        patches.undo()
-    assert lora_model_module.PIN_MEMORY is True
+    def load(manager, request):
+        both.wait()  # both preparations are running now
+        return original(manager, request)
+
+    monkeypatch.setattr(lora_loads, "_original_load", load)
+    requests = [_request(40), _request(41)]
+    requests[0].lora_name = "tenant/a40@v1"
+    for r in requests:
+        assert lora_loads.prepare(_Manager(), r, threads=0)
+    for r in requests:
+        _wait_ready(r.lora_int_id)
+    assert len(list((tmp_path / "profiles").glob("*.pstats"))) == 1
+    assert {p.name for p in (tmp_path / "profiles").iterdir()} <= {"tenant_a40_v1.pstats", "a41.pstats"}

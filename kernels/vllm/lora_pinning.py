@@ -1,0 +1,149 @@
+"""When an adapter's host copy is page-locked, and on which thread.
+
+vLLM pins an adapter's host tensors in its merge pass (``_create_merged_loras_inplace``), inside
+``add_lora``; pinned, a copy into a GPU slot is a DMA instead of a staged copy. Page-locking
+fresh host memory is most of an MoE adapter's host work in a load. Installed, vLLM's reader and
+merge pass no longer pin (``lora_model.PIN_MEMORY``, ``model_manager.PIN_MEMORY``) and this
+module does, with vLLM's rule (every host tensor of every module, once, after the merge):
+
+- a load vLLM makes itself (nothing prepared it): right after its merge pass, as vLLM does;
+- a load prepared off the loop (``kernels.vllm.lora_loads``) with ``EAGER``: by the preparing
+  thread, before ``add_lora`` takes it;
+- with ``DEFERRED``: after its registration, by a thread of this module, while the adapter
+  already serves (until then a copy into a slot reads pageable memory: the same values).
+
+Invariant: a tensor is replaced by its pinned copy, never changed in place, one attribute or list
+item at a time, so a copy into a slot made meanwhile reads either and gets the same values. The
+mark ``MARK`` on a ``LoRAModel`` says where it stands: ``PREPARING`` (a preparing thread merges
+it: not pinned here), ``DEFERRED`` (pinned once registered), ``PINNING``, ``PINNED``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable, Literal
+
+from kernels.vllm.patching import Patches
+
+logger = logging.getLogger("vllm.loraplex")
+
+Pinning = Literal["eager", "deferred"]
+EAGER: Pinning = "eager"
+DEFERRED: Pinning = "deferred"
+MARK = "_loraplex_pinning"
+PREPARING, PINNING, PINNED = "preparing", "pinning", "pinned"
+
+_pin_available = False  # vLLM's own PIN_MEMORY where installed: a CUDA host
+_pin_tensor: Callable[[Any], Any] = lambda t: t.pin_memory()  # noqa: E731
+_lock = threading.Lock()
+_pool: ThreadPoolExecutor | None = None
+_pending: set[Future] = set()
+
+
+def install(patches: Patches) -> None:
+    """vLLM's reader and merge pass stop pinning; the merge pass is wrapped to pin (or schedule
+    the pinning of) the adapter it merged, by its mark."""
+    global _pin_available
+    import vllm.lora.lora_model as lora_model_module
+    import vllm.lora.model_manager as model_manager_module
+    from vllm.utils import torch_utils
+
+    _pin_available = bool(torch_utils.PIN_MEMORY)  # the source of both modules' flag: never patched
+    patches.replace(lora_model_module, "PIN_MEMORY", False)
+    patches.replace(model_manager_module, "PIN_MEMORY", False)
+
+    def make(merge):
+        def _create_merged_loras_inplace(self, lora_model):
+            merge(self, lora_model)
+            mark = getattr(lora_model, MARK, None)
+            if mark is None:  # vLLM's own load: pinned where vLLM pins it
+                pin(lora_model)
+            elif mark == DEFERRED:  # a prepared load, registering now
+                schedule(lora_model)
+
+        return _create_merged_loras_inplace
+
+    patches.wrap(model_manager_module.LoRAModelManager, "_create_merged_loras_inplace", make)
+
+
+def pin(lora_model: Any) -> tuple[int, float]:
+    """Replaces every host tensor of ``lora_model`` by its pinned copy (a no-op where nothing can
+    be pinned) and marks it ``PINNED``; ``(bytes pinned, seconds)``."""
+    t0 = time.perf_counter()
+    done = 0
+    if _pin_available:
+        for lora in lora_model.loras.values():
+            for side in ("lora_a", "lora_b"):
+                value = getattr(lora, side)
+                if isinstance(value, list):
+                    for i, t in enumerate(value):
+                        if t is not None and t.device.type == "cpu" and not t.is_pinned():
+                            value[i] = _pin_tensor(t)
+                            done += t.numel() * t.element_size()
+                elif value is not None and value.device.type == "cpu" and not value.is_pinned():
+                    setattr(lora, side, _pin_tensor(value))
+                    done += value.numel() * value.element_size()
+    setattr(lora_model, MARK, PINNED)
+    return done, time.perf_counter() - t0
+
+
+def schedule(lora_model: Any) -> None:
+    """Pins ``lora_model`` in this module's thread (it serves meanwhile)."""
+    global _pool
+    if not _pin_available:
+        setattr(lora_model, MARK, PINNED)
+        return
+    setattr(lora_model, MARK, PINNING)
+    with _lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(1, thread_name_prefix="loraplex-lora-pin")
+        future = _pool.submit(_pin_logged, lora_model)
+        _pending.add(future)
+    future.add_done_callback(_forget)
+
+
+def _pin_logged(lora_model: Any) -> None:
+    try:
+        size, seconds = pin(lora_model)
+    except Exception:  # noqa: BLE001 - left pageable: it serves as it is, more slowly into slots
+        setattr(lora_model, MARK, PINNED)
+        logger.exception("pinning adapter %s after its registration failed; it stays in pageable memory",
+                         lora_model.id)
+        return
+    logger.info("adapter %s pinned after its registration in %.3f s (%.0f MiB)", lora_model.id, seconds,
+                size / (1 << 20))
+
+
+def _forget(future: Future) -> None:
+    with _lock:
+        _pending.discard(future)
+
+
+def drain(timeout: float | None = None) -> bool:
+    """Waits for the pinning scheduled so far; False if some is still running after ``timeout``."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        with _lock:
+            pending = list(_pending)
+        if not pending:
+            return True
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            return False
+        try:
+            pending[0].result(left)
+        except Exception:  # noqa: BLE001 - logged by the job
+            pass
+
+
+def reset() -> None:
+    """Waits for scheduled pinning and forgets the pool (a process's patches undone; tests)."""
+    global _pool
+    drain()
+    with _lock:
+        pool, _pool = _pool, None
+    if pool is not None:
+        pool.shutdown(wait=True)

@@ -1,0 +1,173 @@
+"""When an adapter's host copy is pinned (``kernels.vllm.lora_pinning``), through vLLM's own merge
+pass (``LoRAModelManager._create_merged_loras_inplace``, run on a manager with no packed modules)
+and vLLM's own ``LoRAModel`` / ``LoRALayerWeights``. This host has no CUDA, so pinning is a copy
+here (``_pin_tensor``): what ``Tensor.pin_memory`` returns, less the page-locking."""
+
+from __future__ import annotations
+
+import threading
+import time
+import types
+
+import pytest
+import torch
+
+from kernels.vllm import lora_pinning
+from kernels.vllm.patching import Patches
+
+
+@pytest.fixture
+def pinned(monkeypatch):
+    """Installed, with pinning a copy that is recorded; yields the copies made."""
+    import vllm.lora.lora_model as lora_model_module
+    import vllm.lora.model_manager as model_manager_module
+
+    monkeypatch.setattr(lora_model_module, "PIN_MEMORY", True)  # as on a CUDA host
+    monkeypatch.setattr(model_manager_module, "PIN_MEMORY", True)
+    patches = Patches("test lora pinning")
+    lora_pinning.install(patches)
+    assert lora_model_module.PIN_MEMORY is False and model_manager_module.PIN_MEMORY is False
+    copies: list[torch.Tensor] = []
+
+    def pin(t):
+        copy = t.clone()
+        copies.append(copy)
+        return copy
+
+    monkeypatch.setattr(lora_pinning, "_pin_available", True)
+    monkeypatch.setattr(lora_pinning, "_pin_tensor", pin)
+    yield copies
+    assert lora_pinning.drain(30)
+    patches.undo()
+    assert lora_model_module.PIN_MEMORY is True and model_manager_module.PIN_MEMORY is True
+
+
+def _model(seed: int = 0, modules: int = 3):
+    """A rank-4 adapter of ``modules`` plain layers and one packed (list) layer with a gap."""
+    from vllm.lora.lora_model import LoRAModel
+    from vllm.lora.lora_weights import LoRALayerWeights, PackedLoRALayerWeights
+
+    g = torch.Generator().manual_seed(seed)
+    loras = {f"layers.{i}.proj": LoRALayerWeights(f"layers.{i}.proj", 4, 8, torch.randn(4, 16, generator=g),
+                                                  torch.randn(32, 4, generator=g))
+             for i in range(modules)}
+    loras["layers.qkv"] = PackedLoRALayerWeights(
+        "layers.qkv", 4, [8, None, 8], [torch.randn(4, 16, generator=g), None, torch.randn(4, 16, generator=g)],
+        [torch.randn(32, 4, generator=g), None, torch.randn(32, 4, generator=g)], scaling=[2.0, 1.0, 2.0])
+    return LoRAModel(7, 4, loras)
+
+
+def _tensors(model) -> list[torch.Tensor]:
+    out = []
+    for lora in model.loras.values():
+        for side in (lora.lora_a, lora.lora_b):
+            out.extend(t for t in (side if isinstance(side, list) else [side]) if t is not None)
+    return out
+
+
+def _merge(model) -> None:
+    import vllm.lora.model_manager as model_manager_module
+
+    manager = types.SimpleNamespace(packed_modules={}, modules={}, is_pooling_model=False)
+    model_manager_module.LoRAModelManager._create_merged_loras_inplace(manager, model)
+
+
+def test_vllms_own_loads_are_pinned_in_its_merge_pass(pinned):
+    model = _model()
+    _merge(model)  # scaling folded into B, then pinned: vLLM's order
+    expected = _model()
+    for lora in expected.loras.values():
+        lora.optimize()
+    assert getattr(model, lora_pinning.MARK) == lora_pinning.PINNED
+    got = _tensors(model)
+    assert len(got) == 10 and all(any(t is c for c in pinned) for t in got)  # every tensor, None entries kept
+    assert all(torch.equal(a, b) for a, b in zip(got, _tensors(expected)))
+    assert model.loras["layers.qkv"].lora_a[1] is None and model.loras["layers.qkv"].lora_b[1] is None
+
+
+def test_a_preparing_merge_leaves_pinning_to_its_thread(pinned):
+    model = _model()
+    setattr(model, lora_pinning.MARK, lora_pinning.PREPARING)
+    before = _tensors(model)
+    _merge(model)
+    assert all(a is b for a, b in zip(_tensors(model), before)) and pinned == []
+    size, _ = lora_pinning.pin(model)  # the eager preparation: pinned by the preparing thread
+    assert size == sum(t.numel() * t.element_size() for t in before) and len(pinned) == 10
+    assert getattr(model, lora_pinning.MARK) == lora_pinning.PINNED
+
+
+def test_deferred_pinning_swaps_in_copies_while_the_adapter_is_read(pinned, monkeypatch):
+    """Registration returns with the pageable tensors; the pinning thread swaps each for its copy
+    while a reader (a copy into a slot) keeps reading: it always reads the adapter's values."""
+    model = _model(modules=40)
+    setattr(model, lora_pinning.MARK, lora_pinning.PREPARING)
+    _merge(model)
+    reference = [t.clone() for t in _tensors(model)]
+    slow = lora_pinning._pin_tensor
+    monkeypatch.setattr(lora_pinning, "_pin_tensor", lambda t: (time.sleep(0.002), slow(t))[1])
+    setattr(model, lora_pinning.MARK, lora_pinning.DEFERRED)
+    reads, stop = [0], threading.Event()
+
+    def read_slots():
+        while not stop.is_set():
+            assert all(torch.equal(a, b) for a, b in zip(_tensors(model), reference))
+            reads[0] += 1
+
+    reader = threading.Thread(target=read_slots)
+    reader.start()
+    try:
+        _merge(model)  # registration: the merge pass finds a deferred adapter and schedules it
+        assert getattr(model, lora_pinning.MARK) == lora_pinning.PINNING
+        assert lora_pinning.drain(30)
+    finally:
+        stop.set()
+        reader.join()
+    assert getattr(model, lora_pinning.MARK) == lora_pinning.PINNED and len(pinned) == len(reference)
+    assert all(any(t is c for c in pinned) for t in _tensors(model))
+    assert all(torch.equal(a, b) for a, b in zip(_tensors(model), reference)) and reads[0] > 0
+
+
+def test_a_failed_deferred_pinning_leaves_the_adapter_pageable(pinned, monkeypatch, caplog):
+    model = _model()
+    setattr(model, lora_pinning.MARK, lora_pinning.DEFERRED)
+    before = _tensors(model)
+
+    def fail(t):
+        raise RuntimeError("CUDA error: out of memory (host)")
+
+    monkeypatch.setattr(lora_pinning, "_pin_tensor", fail)
+    with caplog.at_level("ERROR", logger="vllm.loraplex"):
+        lora_pinning.schedule(model)
+        assert lora_pinning.drain(30)
+    assert all(a is b for a, b in zip(_tensors(model), before))
+    assert getattr(model, lora_pinning.MARK) == lora_pinning.PINNED
+    assert "stays in pageable memory" in caplog.text
+
+
+def test_without_pinnable_memory_nothing_is_copied(monkeypatch):
+    monkeypatch.setattr(lora_pinning, "_pin_available", False)
+    model = _model()
+    before = _tensors(model)
+    assert lora_pinning.pin(model)[0] == 0
+    setattr(model, lora_pinning.MARK, lora_pinning.DEFERRED)
+    lora_pinning.schedule(model)  # nothing to schedule: marked done at once
+    assert getattr(model, lora_pinning.MARK) == lora_pinning.PINNED
+    assert all(a is b for a, b in zip(_tensors(model), before))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (page-locked host memory)")
+def test_deferred_pinning_page_locks_every_tensor_on_a_gpu_host():
+    """With CUDA: vLLM's flags say pinnable, and a deferred adapter ends page-locked, values kept."""
+    patches = Patches("test lora pinning on a GPU host")
+    lora_pinning.install(patches)
+    try:
+        assert lora_pinning._pin_available
+        model = _model(modules=8)
+        reference = [t.clone() for t in _tensors(model)]
+        setattr(model, lora_pinning.MARK, lora_pinning.DEFERRED)
+        lora_pinning.schedule(model)
+        assert lora_pinning.drain(60)
+        assert all(t.is_pinned() for t in _tensors(model))
+        assert all(torch.equal(a, b) for a, b in zip(_tensors(model), reference))
+    finally:
+        patches.undo()
