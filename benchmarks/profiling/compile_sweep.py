@@ -10,7 +10,9 @@ base model, the same with one adapter, and ``n`` tokens split over 8 requests of
 together (one step of ``n`` tokens, 8 adapters active, as a served batch has them). After each
 probe the engine worker's compile list (``kernels.vllm.worker_extension``'s ``loraplex_compiles``)
 says what it compiled: kernel, ms, Triton's specialisation key. The keys say which argument
-classes the warm-up's step sizes miss.
+classes the warm-up's step sizes miss: the summary names, for each compile, the positions where
+its key differs from the nearest variant of the same kernel the warm-ups compiled (kept in the
+JSON as ``warmup_compiles``).
 
 Step sizes: every ``n`` up to 40, and per power-of-two bucket ``(p/2, p]`` up to the engine's one-step
 limit its top ``p`` and ``p - d`` for ``d`` in ``OFFSETS``, plus ``--random`` sizes drawn uniformly.
@@ -19,6 +21,7 @@ limit its top ``p`` and ``p - d`` for ``d`` in ``OFFSETS``, plus ``--random`` si
 from __future__ import annotations
 
 import argparse
+import ast
 import asyncio
 import json
 import random
@@ -58,8 +61,39 @@ class SweepReport(BaseModel):
 
     warmup_counts: list[int] = Field(description="Step sizes of the shape warm-up.")
     warmup_s: float
+    warmup_compiles: list[Compile] = Field(default_factory=list, description="Compiled from the MoE-LoRA kernels' "
+                                           "warm-up to the end of the shape warm-up: the variants warmed.")
     adapter_load_compiles: list[Compile] = Field(default_factory=list, description="Compiled by the adapters' loads.")
     probes: list[Probe] = Field(default_factory=list)
+
+
+def key_items(key: str) -> list:
+    """A Triton specialisation key (``str`` of a list of tuples) as a list; ``[key]`` when it
+    does not parse."""
+    try:
+        items = ast.literal_eval(key)
+    except (ValueError, SyntaxError):
+        return [key]
+    return list(items) if isinstance(items, (list, tuple)) else [items]
+
+
+def nearest_warmed(compile: Compile, warmed: list[Compile]) -> tuple[int, list[tuple[int, Any, Any]]] | None:
+    """The warmed variant of the same kernel whose key differs from ``compile``'s in the fewest
+    positions: ``(its index in warmed, [(position, warmed item, this item), ...])``; None when
+    the kernel was not warmed. Keys of different lengths compare over the shorter, the rest
+    counting as differences."""
+    mine = key_items(compile.key)
+    best = None
+    for i, w in enumerate(warmed):
+        if w.kernel != compile.kernel:
+            continue
+        theirs = key_items(w.key)
+        diff = [(j, a, b) for j, (a, b) in enumerate(zip(theirs, mine)) if a != b]
+        diff += [(j, theirs[j] if j < len(theirs) else None, mine[j] if j < len(mine) else None)
+                 for j in range(min(len(theirs), len(mine)), max(len(theirs), len(mine)))]
+        if best is None or len(diff) < len(best[1]):
+            best = (i, diff)
+    return best
 
 
 def step_sizes(limit: int, extra_random: int, seed: int = 0) -> list[int]:
@@ -134,7 +168,8 @@ async def sweep(serve_config: Path, adapters: dict[str, Path], extra_random: int
         vocab = min(limits.vocab_size, shape_warmup.PROMPT_ID_RANGE)
         loras = list(lora_requests(adapters).values())
         rng = random.Random(1)
-        seen = len(await compiles_so_far(engine))
+        report.warmup_compiles = await compiles_so_far(engine)
+        seen = len(report.warmup_compiles)
         await asyncio.gather(*(generate(engine, [rng.randrange(vocab) for _ in range(16)], lora) for lora in loras))
         now = await compiles_so_far(engine)
         report.adapter_load_compiles, seen = now[seen:], len(now)
@@ -167,6 +202,13 @@ def summary(report: SweepReport) -> str:
                      f"({sum(len(p.compiles) for p in hit)} kernels, "
                      f"{sum(c.ms for p in hit for c in p.compiles if c.ms == c.ms) / 1e3:.1f} s): "
                      + ", ".join(str(p.tokens) for p in hit))
+        for p in hit:
+            for c in p.compiles:
+                near = nearest_warmed(c, report.warmup_compiles)
+                what = ("no variant of it was warmed" if near is None else
+                        f"the nearest warmed variant differs at {len(near[1])} key position(s): " + "; ".join(
+                            f"[{j}] warmed {a!r}, here {b!r}" for j, a, b in near[1][:6]))
+                lines.append(f"  n={p.tokens} {c.kernel.rsplit('.', 1)[-1]}: {what}")
     return "\n".join(lines)
 
 

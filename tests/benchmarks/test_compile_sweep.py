@@ -50,3 +50,24 @@ def test_adapters_are_a_folder_of_folders_or_one_folder_used_eight_times(tmp_pat
         (many / f"a{i}" / "adapter_config.json").unlink()
     with pytest.raises(ValueError, match="holds 0 adapter folders"):
         adapter_folders(many, fail)
+
+
+def test_a_compile_is_explained_by_the_warmed_variant_nearest_to_it():
+    """Keys as Triton writes them: the nearest warmed variant of the same kernel and the positions
+    that differ; another kernel's variants are not compared; a kernel never warmed says so."""
+    from benchmarks.profiling.compile_sweep import nearest_warmed
+
+    warmed = [Compile(kernel="gemm", ms=1.0, key="[('*bf16', 'D'), ('i32', ''), ('constexpr', 4)]"),
+              Compile(kernel="gemm", ms=1.0, key="[('*bf16', 'D'), ('i32', 'D'), ('constexpr', 1)]"),
+              Compile(kernel="other", ms=1.0, key="[('*bf16', 'D'), ('i32', 'D'), ('constexpr', 4)]")]
+    new = Compile(kernel="gemm", ms=1800.0, key="[('*bf16', 'D'), ('i32', 'D'), ('constexpr', 4)]")
+    index, diff = nearest_warmed(new, warmed)
+    assert index in (0, 1) and len(diff) == 1
+    assert diff[0] in [(1, ("i32", ""), ("i32", "D")), (2, ("constexpr", 1), ("constexpr", 4))]
+    longer = Compile(kernel="gemm", ms=1.0, key="[('*bf16', 'D'), ('i32', ''), ('constexpr', 4), ('constexpr', 8)]")
+    assert nearest_warmed(longer, warmed) == (0, [(3, None, ("constexpr", 8))])
+    assert nearest_warmed(Compile(kernel="never", ms=1.0, key="[]"), warmed) is None
+    report = SweepReport(warmup_counts=[1], warmup_s=1.0, warmup_compiles=warmed[:1], probes=[
+        Probe(kind="base", tokens=1554, seconds=2.0, compiles=[new])])
+    assert "n=1554 gemm: the nearest warmed variant differs at 1 key position(s): [1] warmed ('i32', ''), " \
+           "here ('i32', 'D')" in summary(report)
