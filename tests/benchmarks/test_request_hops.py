@@ -44,3 +44,26 @@ def test_phases_are_matched_from_the_end_of_the_log(tmp_path):
     assert cells[1:] == ["3", "70.0", "2.0", "0.5", "2.0", "57.5", "60.0", "8.0"]
     loads = loads_table(hops).splitlines()
     assert loads[2:] == ["| cold | 750.0 | 10.0 | 200.0 | 1000.0 | 1100.0 |", "(ms)"]
+
+
+def test_bursts_are_measured_as_sent_at_the_gateway_and_at_the_engine(tmp_path):
+    """A phase of two bursts of 4 that the client sent within 10 ms each; the gateway took each
+    over 20 ms and the engine replica over 40 ms; stragglers are not bursts."""
+    from benchmarks.profiling.request_hops import burst_spreads, spreads_table
+
+    lines, records = [], []
+    for b in range(2):
+        for i in range(4):
+            t = 100.0 + 10 * b  # the gateway takes request i at t + 20 ms * i / 3, the engine at t + 40 ms * i / 3
+            gw = RequestLog(ts=t + 1.0, component="gateway", request_id=f"b{b}-{i}", status=200, queue_s=0.001,
+                            duration_s=1.0 - 0.020 * i / 3)
+            en = RequestLog(ts=t + 1.0, component="engine", request_id=f"b{b}-{i}", status=200,
+                            duration_s=1.0 - 0.040 * i / 3, ttft_s=0.05)
+            lines += [gw.model_dump_json(exclude_none=True), en.model_dump_json(exclude_none=True)]
+            records.append({"ttft_ms": 60.0, "start_s": 10 * b + 0.01 * i / 3})
+    log = tmp_path / "loraplex.log"
+    log.write_text("\n".join(lines) + "\n")
+    system = {"system": "loraplex", "phases": [{"name": "c4", "result": {"records": records}}]}
+    row = next(r for r in spreads_table(read_hops(log), system).splitlines() if r.startswith("| c4 "))
+    assert [c.strip() for c in row.strip("|").split("|")] == ["c4", "2", "10.0", "20.0", "40.0"]
+    assert burst_spreads([0.0, 0.1, 0.2, 5.0, 5.1]) == [] and burst_spreads([0.0, 0.1, 0.2, 0.3, None]) == [0.3]
