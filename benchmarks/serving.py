@@ -358,9 +358,10 @@ def _per_server(specs: list[str], choices: tuple[str, ...], flag: str, kinds: li
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    t_start = time.perf_counter()
+def resolve_servers(args: argparse.Namespace) -> list[str]:
+    """The servers of a run (``args.servers`` and every ``--loraplex-checkout``), with the parsed
+    per-server options set on ``args`` (``checkouts``, ``proxies``, ``topologies``, ``engines``)
+    and ``concurrency`` and ``stock_plugins`` as lists; exits on a bad option."""
     kinds = [k for k in args.servers.split(",") if k]
     if unknown := [k for k in kinds if k not in SERVERS]:
         raise SystemExit(f"unknown servers {unknown}; choose among {','.join(SERVERS)}")
@@ -377,6 +378,13 @@ def main(argv: list[str] | None = None) -> int:
     args.engines = engine_overrides(args.loraplex_engine, kinds)
     args.concurrency = [int(c) for c in args.concurrency.split(",") if c.strip()]
     args.stock_plugins = None if args.stock_plugins == "all" else [p for p in args.stock_plugins.split(",") if p]
+    return kinds
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    t_start = time.perf_counter()
+    kinds = resolve_servers(args)
     from app.embedded.setup import init, model_dir
 
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="loraplex-serving-"))

@@ -34,7 +34,8 @@ from collections import Counter
 from pathlib import Path
 
 from benchmarks.loadgen.client import raise_priority, run
-from benchmarks.serving import SERVERS, adapter_folders, build_parser as serving_parser, make_launcher, phase_spec
+from benchmarks.serving import adapter_folders, make_launcher, phase_spec, resolve_servers
+from benchmarks.serving import build_parser as serving_parser
 from benchmarks.stacks.process import cmdline
 
 CLK = os.sysconf("SC_CLK_TCK")
@@ -237,14 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--py-spy", action="store_true", help="sample the gateway and engine replicas with py-spy")
     ap.add_argument("--rate", type=int, default=100, help="py-spy samples per second")
     args = ap.parse_args(argv)
-    args.concurrency = [int(c) for c in args.concurrency.split(",") if c.strip()]
-    args.stock_plugins = None if args.stock_plugins == "all" else [p for p in args.stock_plugins.split(",") if p]
-    kinds = [k for k in args.servers.split(",") if k]
-    if unknown := [k for k in kinds if k not in SERVERS]:
-        raise SystemExit(f"unknown servers {unknown}")
-    args.checkouts = {n: Path(d) for n, _, d in (c.partition("=") for c in args.loraplex_checkout)}
-    args.proxies = dict(p.partition("=")[::2] for p in args.loraplex_proxy)
-    kinds += list(args.checkouts)
+    kinds = resolve_servers(args)
     from app.embedded.setup import init, model_dir
     from benchmarks.loadgen.workload import model_vocab
 

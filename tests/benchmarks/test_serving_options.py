@@ -20,3 +20,25 @@ def test_engine_settings_go_to_the_named_loraplex_server_only():
 def test_a_setting_for_no_loraplex_server_or_without_a_value_is_refused(spec):
     with pytest.raises(SystemExit, match="--loraplex-engine"):
         engine_overrides([spec], ["vllm", "loraplex"])
+
+
+@pytest.mark.parametrize("module", ["benchmarks.serving", "benchmarks.profiling.serving_cpu"])
+def test_both_serving_benchmarks_read_the_per_server_options_alike(module, tmp_path):
+    """The side-by-side benchmark and its CPU profile take the same options the same way: what a
+    launcher reads (topology, proxy, engine settings, checkouts) is set on the parsed arguments."""
+    import importlib
+
+    from benchmarks.serving import resolve_servers
+
+    (tmp_path / "app" / "cli").mkdir(parents=True)
+    (tmp_path / "app" / "cli" / "main.py").write_text("")
+    parser = importlib.import_module(module).__dict__.get("serving_parser") or importlib.import_module(
+        module).build_parser
+    args = parser().parse_args([
+        "--servers", "vllm,loraplex", "--concurrency", "1,16", "--loraplex-topology", "loraplex=colocated",
+        "--loraplex-checkout", f"old={tmp_path}", "--loraplex-proxy", "old=python",
+        "--loraplex-engine", "old=max_loras=2"])
+    assert resolve_servers(args) == ["vllm", "loraplex", "old"]
+    assert args.topologies == {"loraplex": "colocated"} and args.proxies == {"old": "python"}
+    assert args.engines == {"old": {"max_loras": 2}} and args.concurrency == [1, 16]
+    assert args.checkouts == {"old": tmp_path}
