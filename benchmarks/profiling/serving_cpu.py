@@ -45,6 +45,7 @@ ROLES = (  # first match of the command line wins
     ("engine replica", ("ServeReplica", "LLMServer")),  # ray.serve.llm's engine deployment
     ("gateway replica", ("ServeReplica", "OpenAiIngress")),
     ("gateway replica", ("ServeReplica", "Ingress")),
+    ("colocated replica (gateway and engine)", ("ServeReplica", ":Server")),  # topology: colocated
     ("vLLM engine core", ("EngineCore",)),
     ("vLLM model worker (forward pass)", ("VLLM::Worker",)),
     ("vLLM model worker (forward pass)", ("multiprocessing.spawn",)),
@@ -161,6 +162,7 @@ def _py_spy() -> str:
 
 def start_spies(pids: dict[str, int], outdir: Path, rate: int) -> list[tuple[str, subprocess.Popen, Path]]:
     spies = []
+    outdir.mkdir(parents=True, exist_ok=True)
     for role, pid in pids.items():
         out = outdir / f"py-spy-{role.split()[0]}-{pid}.txt"
         proc = subprocess.Popen([_py_spy(), "record", "--pid", str(pid), "--rate", str(rate), "--format", "raw",
@@ -183,33 +185,42 @@ def stop_spies(spies) -> dict[str, dict[str, int]]:
     return out
 
 
-def profile_server(kind: str, workdir: Path, home: Path, folders, args, vocab, special) -> dict:
+def profile_server(kind: str, workdir: Path, home: Path, folders, args, vocab, special) -> list[dict]:
+    """One row per concurrency level of ``args``, all on one start of the server ``kind``."""
     launcher = make_launcher(kind, workdir / kind, home, folders, args)
+    rows = []
     with launcher as target:
-        spec = phase_spec(target, list(folders), args.concurrency[0], args, vocab, special)
-        run(spec.model_copy(update={"num_requests": spec.warmup_requests, "warmup_requests": 0}))
-        mine = {os.getpid()}
-        spies = []
-        if args.py_spy:
-            procs = snapshot(mine)
-            wanted = {"gateway replica", "engine replica", "vLLM API server"}
-            pids = {}
-            for pid, (role, _) in procs.items():
-                if role in wanted and role not in pids:
-                    pids[role] = pid
-            spies = start_spies(pids, workdir, args.rate)
-            mine |= {p.pid for _, p, _ in spies}
-        before = snapshot(mine)
-        t0 = time.perf_counter()
-        result = run(spec.model_copy(update={"warmup_requests": 0}))
-        wall = time.perf_counter() - t0
-        after = snapshot(mine)
-        layers = stop_spies(spies) if spies else {}
+        for concurrency in args.concurrency:
+            rows.append(_profile_phase(kind, target, workdir, folders, concurrency, args, vocab, special))
+    return rows
+
+
+def _profile_phase(kind: str, target, workdir: Path, folders, concurrency: int, args, vocab, special) -> dict:
+    spec = phase_spec(target, list(folders), concurrency, args, vocab, special)
+    run(spec.model_copy(update={"num_requests": spec.warmup_requests, "warmup_requests": 0}))
+    mine = {os.getpid()}
+    spies = []
+    if args.py_spy:
+        procs = snapshot(mine)
+        wanted = {"gateway replica", "engine replica", "colocated replica (gateway and engine)", "vLLM API server"}
+        pids = {}
+        for pid, (role, _) in procs.items():
+            if role in wanted and role not in pids:
+                pids[role] = pid
+        spies = start_spies(pids, workdir / f"c{concurrency}", args.rate)
+        mine |= {p.pid for _, p, _ in spies}
+    before = snapshot(mine)
+    t0 = time.perf_counter()
+    result = run(spec.model_copy(update={"warmup_requests": 0}))
+    wall = time.perf_counter() - t0
+    after = snapshot(mine)
+    layers = stop_spies(spies) if spies else {}
     agg = result.aggregate
     tokens = round((agg.mean_output_tokens or 0) * (agg.requests - agg.failures))
     roles = cpu_by_role(before, after)
     return {"system": kind, "concurrency": spec.concurrency, "requests": agg.requests, "failures": agg.failures,
             "output_tokens": tokens, "wall_s": wall, "out_tok_s": agg.output_throughput_tok_s,
+            "ttft_p50_ms": agg.ttft_ms.p50 if agg.ttft_ms else None,
             "cpu_s_by_role": roles, "py_spy_samples_by_layer": layers}
 
 
@@ -217,7 +228,8 @@ def print_profile(rows: list[dict]) -> None:
     for r in rows:
         total = sum(r["cpu_s_by_role"].values())
         print(f"\n{r['system']}: concurrency {r['concurrency']}, {r['requests']} requests ({r['failures']} failed), "
-              f"{r['output_tokens']} output tokens in {r['wall_s']:.1f} s ({r['out_tok_s']:.0f} tok/s); "
+              f"{r['output_tokens']} output tokens in {r['wall_s']:.1f} s ({r['out_tok_s']:.0f} tok/s, TTFT p50 "
+              f"{r.get('ttft_p50_ms') or float('nan'):.1f} ms); "
               f"CPU {total:.1f} s of {2 * r['wall_s']:.1f} core-s available on 2 cores")
         print(f"  {'process role':40} {'CPU s':>7} {'ms/request':>10} {'ms/token':>9}")
         for role, s in sorted(r["cpu_s_by_role"].items(), key=lambda kv: -kv[1]):
@@ -247,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     folders = adapter_folders(home, workdir / "adapters")
     vocab, special = model_vocab(model_dir(home))
     raise_priority()
-    rows = [profile_server(k, workdir, home, folders, args, vocab, special) for k in kinds]
+    rows = [row for k in kinds for row in profile_server(k, workdir, home, folders, args, vocab, special)]
     print_profile(rows)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))

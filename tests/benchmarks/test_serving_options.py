@@ -42,3 +42,12 @@ def test_both_serving_benchmarks_read_the_per_server_options_alike(module, tmp_p
     assert args.topologies == {"loraplex": "colocated"} and args.proxies == {"old": "python"}
     assert args.engines == {"old": {"max_loras": 2}} and args.concurrency == [1, 16]
     assert args.checkouts == {"old": tmp_path}
+
+
+def test_the_cpu_profile_tells_the_replicas_of_both_topologies_apart():
+    from benchmarks.profiling.serving_cpu import role_of
+
+    assert role_of("ray::ServeReplica:loraplex:Gateway") == "gateway replica"
+    assert role_of("ray::ServeReplica:loraplex:Engine.handle_request_streaming") == "engine replica"
+    assert role_of("ray::ServeReplica:loraplex:Server") == "colocated replica (gateway and engine)"
+    assert role_of("ray::ServeController") == "Serve controller"
