@@ -126,8 +126,9 @@ def cpu_by_role(before: dict[int, tuple[str, float]], after: dict[int, tuple[str
 
 def layer_of(stack: list[str]) -> str:
     for frame in reversed(stack):  # from the leaf up
+        where = frame.replace("(", "(/")  # py-spy writes paths under the working directory relative
         for layer, needles in LAYERS:
-            if any(n in frame for n in needles):
+            if any(n in where for n in needles):
                 return layer
     return "other Python"
 

@@ -51,3 +51,11 @@ def test_the_cpu_profile_tells_the_replicas_of_both_topologies_apart():
     assert role_of("ray::ServeReplica:loraplex:Engine.handle_request_streaming") == "engine replica"
     assert role_of("ray::ServeReplica:loraplex:Server") == "colocated replica (gateway and engine)"
     assert role_of("ray::ServeController") == "Serve controller"
+
+
+def test_loraplex_frames_count_as_loraplex_code_with_relative_or_absolute_paths():
+    from benchmarks.profiling.serving_cpu import layer_of
+
+    assert layer_of(["run (asyncio/events.py:80)", "ManifestCache.get (app/engine/manifests.py:34)"]) == "loraplex code"
+    assert layer_of(["Gateway._answer (/srv/loraplex/app/gateway/ingress.py:190)"]) == "loraplex code"
+    assert layer_of(["App.__call__ (fastapi/applications.py:1054)"]) == "ASGI / HTTP (uvicorn, starlette, fastapi)"
