@@ -13,7 +13,7 @@ loraplex's code, the event loop itself, idle). CPU on this machine is the bottle
 cores, so CPU milliseconds per request and per output token are what each layer costs.
 
     python -m benchmarks.profiling.serving_cpu [--servers vllm,loraplex] [--concurrency 8]
-        [--requests 64] [--py-spy] [--json out.json] [--loraplex-checkout NAME=DIR ...]
+        [--requests 64] [--py-spy [--gil]] [--json out.json] [--loraplex-checkout NAME=DIR ...]
 
 CPU time per request is what a change saves even on a machine others load (their processes are
 not this one's descendants); wall-clock figures there are not.
@@ -161,13 +161,15 @@ def _py_spy() -> str:
     return str(beside) if beside.exists() else (shutil.which("py-spy") or "py-spy")
 
 
-def start_spies(pids: dict[str, int], outdir: Path, rate: int) -> list[tuple[str, subprocess.Popen, Path]]:
+def start_spies(pids: dict[str, int], outdir: Path, rate: int,
+                gil: bool = False) -> list[tuple[str, subprocess.Popen, Path]]:
     spies = []
     outdir.mkdir(parents=True, exist_ok=True)
     for role, pid in pids.items():
         out = outdir / f"py-spy-{role.split()[0]}-{pid}.txt"
         proc = subprocess.Popen([_py_spy(), "record", "--pid", str(pid), "--rate", str(rate), "--format", "raw",
-                                 "--output", str(out), "--nonblocking"], stdout=subprocess.DEVNULL,
+                                 "--output", str(out), "--nonblocking", *(["--gil"] if gil else [])],
+                                stdout=subprocess.DEVNULL,
                                 stderr=subprocess.STDOUT)
         spies.append((role, proc, out))
     time.sleep(1.0)
@@ -208,7 +210,7 @@ def _profile_phase(kind: str, target, workdir: Path, folders, concurrency: int, 
         for pid, (role, _) in procs.items():
             if role in wanted and role not in pids:
                 pids[role] = pid
-        spies = start_spies(pids, workdir / f"c{concurrency}", args.rate)
+        spies = start_spies(pids, workdir / f"c{concurrency}", args.rate, args.gil)
         mine |= {p.pid for _, p, _ in spies}
     before = snapshot(mine)
     t0 = time.perf_counter()
@@ -250,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.set_defaults(servers="vllm,loraplex", concurrency="8", no_output_check=True)
     ap.add_argument("--py-spy", action="store_true", help="sample the gateway and engine replicas with py-spy")
     ap.add_argument("--rate", type=int, default=100, help="py-spy samples per second")
+    ap.add_argument("--gil", action="store_true",
+                    help="py-spy samples only threads holding the GIL (a thread waiting for it is not working)")
     args = ap.parse_args(argv)
     kinds = resolve_servers(args)
     from app.embedded.setup import init, model_dir
