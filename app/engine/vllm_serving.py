@@ -324,7 +324,7 @@ class ServingLoraOps:
     with the engine (added after ``add_lora`` succeeds, removed before ``remove_lora``).
     """
 
-    def __init__(self, serving: OpenAIServing, load_threads: int = 0, pinning: str = "deferred"):
+    def __init__(self, serving: OpenAIServing, load_threads: int, pinning: str):
         self._engine = serving.engine
         self._models = serving.models
         # > 0: loads prepared off the engine's loop, on that many torch threads where the engine runs

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import ast
 import asyncio
+import itertools
 import json
 import random
 import sys
@@ -80,17 +81,13 @@ def key_items(key: str) -> list:
 def nearest_warmed(compile: Compile, warmed: list[Compile]) -> tuple[int, list[tuple[int, Any, Any]]] | None:
     """The warmed variant of the same kernel whose key differs from ``compile``'s in the fewest
     positions: ``(its index in warmed, [(position, warmed item, this item), ...])``; None when
-    the kernel was not warmed. Keys of different lengths compare over the shorter, the rest
-    counting as differences."""
+    the kernel was not warmed. Positions past the shorter key count as differences (None on its side)."""
     mine = key_items(compile.key)
     best = None
     for i, w in enumerate(warmed):
         if w.kernel != compile.kernel:
             continue
-        theirs = key_items(w.key)
-        diff = [(j, a, b) for j, (a, b) in enumerate(zip(theirs, mine)) if a != b]
-        diff += [(j, theirs[j] if j < len(theirs) else None, mine[j] if j < len(mine) else None)
-                 for j in range(min(len(theirs), len(mine)), max(len(theirs), len(mine)))]
+        diff = [(j, a, b) for j, (a, b) in enumerate(itertools.zip_longest(key_items(w.key), mine)) if a != b]
         if best is None or len(diff) < len(best[1]):
             best = (i, diff)
     return best

@@ -147,8 +147,8 @@ def _prepare(manager: Any, lora_request: Any, threads: int, pinning: str) -> Any
     manager._adapter_manager._create_merged_loras_inplace(lora)
     t2 = time.perf_counter()
     if pinning == lora_pinning.EAGER:
-        size, _ = lora_pinning.pin(lora)
-        pinned = f"pin {time.perf_counter() - t2:.3f} s ({size / (1 << 20):.0f} MiB)"
+        size, seconds = lora_pinning.pin(lora)
+        pinned = f"pin {seconds:.3f} s ({size / (1 << 20):.0f} MiB)"
     else:
         setattr(lora, lora_pinning.MARK, lora_pinning.DEFERRED)
         pinned = "pinning after registration"

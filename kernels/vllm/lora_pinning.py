@@ -78,16 +78,20 @@ def pin(lora_model: Any) -> tuple[int, float]:
         for lora in lora_model.loras.values():
             for side in ("lora_a", "lora_b"):
                 value = getattr(lora, side)
-                if isinstance(value, list):
+                if isinstance(value, list):  # packed modules: one tensor (or None) per slice
                     for i, t in enumerate(value):
-                        if t is not None and t.device.type == "cpu" and not t.is_pinned():
+                        if _needs_pinning(t):
                             value[i] = _pin_tensor(t)
                             done += t.numel() * t.element_size()
-                elif value is not None and value.device.type == "cpu" and not value.is_pinned():
+                elif _needs_pinning(value):
                     setattr(lora, side, _pin_tensor(value))
                     done += value.numel() * value.element_size()
     setattr(lora_model, MARK, PINNED)
     return done, time.perf_counter() - t0
+
+
+def _needs_pinning(t: Any) -> bool:
+    return t is not None and t.device.type == "cpu" and not t.is_pinned()
 
 
 def schedule(lora_model: Any) -> None:

@@ -73,7 +73,7 @@ class LoraplexWorkerExtension:
         return {"ours": list(warmup.COMPILES_DURING_SERVING),
                 "other": [list(c) for c in warmup.OTHER_COMPILES]}
 
-    def loraplex_prepare_lora(self, lora_request, threads: int, pinning: str = "eager") -> bool:
+    def loraplex_prepare_lora(self, lora_request, threads: int, pinning: str) -> bool:
         """Starts preparing an adapter off the engine's loop (``kernels.vllm.lora_loads``), pinned
         before ``add_lora`` or after (``pinning``: ``kernels.vllm.lora_pinning``); ``lora_request``
         arrives as vLLM's RPC encodes a ``LoRARequest`` (a list: array-like)."""
