@@ -22,7 +22,7 @@ import pytest
 
 from tests.helpers.completions import complete
 from tests.helpers.net import free_port
-from tests.helpers.paths import REPO
+from tests.helpers.paths import REPO, pythonpath_with_repo
 from tests.helpers.two_nodes import HEAD_RESOURCE, TwoNodeCluster
 
 pytestmark = pytest.mark.e2e
@@ -47,7 +47,7 @@ def two_node_stack(loraplex_home, tmp_path):
 
     home = tmp_path / "home"  # its own LORAPLEX_HOME: marks this stack's processes apart from the session's
     shutil.copytree(loraplex_home, home, ignore=shutil.ignore_patterns("cache"))
-    env = stack_env(home, {"PYTHONPATH": str(REPO), "RAY_AUTH_MODE": "token"})
+    env = stack_env(home, {"PYTHONPATH": pythonpath_with_repo(), "RAY_AUTH_MODE": "token"})
     port = free_port()
     config = write_config(tmp_path / "serve-config.yaml", port, {
         "engine_deployment": {"num_replicas": 2, "max_replicas_per_node": 1},

@@ -9,12 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.helpers.paths import REPO
+from tests.helpers.paths import REPO, pythonpath_with_repo
 
 
 def run_python_in_mount_namespace(module: str, *args: str, timeout_s: float = 300) -> subprocess.CompletedProcess:
     """``python -m module args...`` inside ``unshare -Urm``, with the checkout importable."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    env = dict(os.environ, PYTHONPATH=pythonpath_with_repo())
     return subprocess.run(["unshare", "-Urm", sys.executable, "-m", module, *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout_s)
 

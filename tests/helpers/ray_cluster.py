@@ -7,7 +7,7 @@ import shutil
 import tempfile
 from contextlib import contextmanager
 
-from tests.helpers.paths import REPO
+from tests.helpers.paths import pythonpath_with_repo
 
 
 @contextmanager
@@ -18,7 +18,7 @@ def local_ray(num_cpus: int = 1):
 
     tmp = tempfile.mkdtemp(prefix="lpx-ray-", dir="/tmp")  # short: Ray's socket paths stay < 108 bytes
     saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_USAGE_STATS_ENABLED")}
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), saved["PYTHONPATH"]) if p)
+    os.environ["PYTHONPATH"] = pythonpath_with_repo(saved["PYTHONPATH"])
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
     try:

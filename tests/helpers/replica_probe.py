@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from tests.helpers.json_lines_child import JsonLinesChild
-from tests.helpers.paths import REPO
+from tests.helpers.paths import pythonpath_with_repo
 
 ENGINE_PREFIX = "SERVE_REPLICA::loraplex#Engine#"
 
@@ -33,7 +33,8 @@ class ReplicaProbe(JsonLinesChild):
 
     def __enter__(self) -> "ReplicaProbe":
         self._spawn(__name__, self.ray_tmp, env=dict(os.environ, RAY_AUTH_MODE="token",
-                                                     RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", PYTHONPATH=str(REPO)))
+                                                     RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
+                                                     PYTHONPATH=pythonpath_with_repo()))
         self._send("ping")
         return self
 
