@@ -133,8 +133,8 @@ class EngineConfig(_Strict):
     adapter_pinning: Literal["deferred", "eager"] = Field(
         "deferred", description="Where the engine runs on a GPU, when a prepared adapter's host copy is page-locked "
         "(kernels.vllm.lora_pinning): 'eager' before add_lora, as vLLM does (its first copies into a slot are DMA); "
-        "'deferred' after add_lora, in a thread of the engine process, so a cold adapter serves without waiting for "
-        "it (copies into a slot read pageable memory until it is done). Loads not prepared off the loop "
+        "'deferred' once add_lora has copied it into its first slot, in a thread of the engine process, so a cold "
+        "adapter serves without waiting for it (copies into a slot read pageable memory until it is done). Loads not prepared off the loop "
         "(adapter_load_threads 0) are pinned as vLLM pins them.",
     )
     shape_warmup: bool = Field(

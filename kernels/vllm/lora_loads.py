@@ -7,7 +7,7 @@ one adapter after another, and every stream of the batch waits meanwhile. Here t
 prepares the adapter first (``prepare``, through ``LoraplexWorkerExtension``): a thread of its own
 runs vLLM's loader (``WorkerLoRAManager._load_adapter``, the original; tensors read unpinned) and
 its manager's ``_create_merged_loras_inplace`` with ``threads`` intra-op threads, then pins the
-result or leaves that for after registration (``kernels.vllm.lora_pinning``); the engine's loop
+result or leaves that for after its first activation (``kernels.vllm.lora_pinning``); the engine's loop
 keeps stepping. The frontend's ``add_lora`` then finds the prepared ``LoRAModel`` (the wrapped
 ``_load_adapter`` returns it), and the manager's own merge pass, run again at registration, finds
 nothing left to do (packed already, scaling 1, experts restacked).
@@ -77,7 +77,7 @@ def install(patches: Patches) -> None:
 
 def prepare(manager: Any, lora_request: Any, threads: int, pinning: lora_pinning.Pinning = lora_pinning.EAGER) -> bool:
     """Starts preparing ``lora_request`` for ``manager`` (the worker's ``WorkerLoRAManager``), its
-    host copy pinned before ``add_lora`` (``EAGER``) or after its registration (``DEFERRED``);
+    host copy pinned before ``add_lora`` (``EAGER``) or after its first activation (``DEFERRED``);
     False when it is registered or being prepared already."""
     global _pool
     if _original_load is None:
@@ -151,7 +151,7 @@ def _prepare(manager: Any, lora_request: Any, threads: int, pinning: str) -> Any
         pinned = f"pin {seconds:.3f} s ({size / (1 << 20):.0f} MiB)"
     else:
         setattr(lora, lora_pinning.MARK, lora_pinning.DEFERRED)
-        pinned = "pinning after registration"
+        pinned = "pinning after its first activation"
     t3 = time.perf_counter()
     logger.info("adapter %s prepared off the loop in %.3f s: read %.3f s, merge %.3f s, %s (%d torch threads; "
                 "OMP_NUM_THREADS=%s)", lora_request.lora_name, t3 - t0, t1 - t0, t2 - t1, pinned,

@@ -9,8 +9,10 @@ module does, with vLLM's rule (every host tensor of every module, once, after th
 - a load vLLM makes itself (nothing prepared it): right after its merge pass, as vLLM does;
 - a load prepared off the loop (``kernels.vllm.lora_loads``) with ``EAGER``: by the preparing
   thread, before ``add_lora`` takes it;
-- with ``DEFERRED``: after its registration, by a thread of this module, while the adapter
-  already serves (until then a copy into a slot reads pageable memory: the same values).
+- with ``DEFERRED``: after its first activation (``add_lora`` registers an adapter and copies it
+  into a GPU slot at once), by a thread of this module, while the adapter already serves: the
+  first copy into a slot reads pageable memory (the same values), and page-locking, which
+  needs the driver and the host's memory too, does not slow that copy down (benchmarks/RESULTS.md).
 
 Invariant: a tensor is replaced by its pinned copy, never changed in place, one attribute or list
 item at a time, so a copy into a slot made meanwhile reads either and gets the same values. The
@@ -44,8 +46,8 @@ _pending: set[Future] = set()
 
 
 def install(patches: Patches) -> None:
-    """vLLM's reader and merge pass stop pinning; the merge pass is wrapped to pin (or schedule
-    the pinning of) the adapter it merged, by its mark."""
+    """vLLM's reader and merge pass stop pinning; the merge pass is wrapped to pin vLLM's own
+    loads, the activation (``activate_adapter``) to schedule the pinning of a deferred adapter."""
     global _pin_available
     import vllm.lora.lora_model as lora_model_module
     import vllm.lora.model_manager as model_manager_module
@@ -55,18 +57,27 @@ def install(patches: Patches) -> None:
     patches.replace(lora_model_module, "PIN_MEMORY", False)
     patches.replace(model_manager_module, "PIN_MEMORY", False)
 
-    def make(merge):
+    def make_merge(merge):
         def _create_merged_loras_inplace(self, lora_model):
             merge(self, lora_model)
-            mark = getattr(lora_model, MARK, None)
-            if mark is None:  # vLLM's own load: pinned where vLLM pins it
+            if getattr(lora_model, MARK, None) is None:  # vLLM's own load: pinned where vLLM pins it
                 pin(lora_model)
-            elif mark == DEFERRED:  # a prepared load, registering now
-                schedule(lora_model)
 
         return _create_merged_loras_inplace
 
-    patches.wrap(model_manager_module.LoRAModelManager, "_create_merged_loras_inplace", make)
+    def make_activate(activate):
+        def activate_adapter(self, lora_id):
+            activated = activate(self, lora_id)
+            lora_model = self._registered_adapters.get(lora_id)
+            if getattr(lora_model, MARK, None) == DEFERRED:  # a prepared load, in its first slot now
+                schedule(lora_model)
+            return activated
+
+        return activate_adapter
+
+    manager = model_manager_module.LoRAModelManager
+    patches.wrap(manager, "_create_merged_loras_inplace", make_merge)
+    patches.wrap(manager, "activate_adapter", make_activate)  # the LRU manager's calls it (super)
 
 
 def pin(lora_model: Any) -> tuple[int, float]:
@@ -95,7 +106,7 @@ def _needs_pinning(t: Any) -> bool:
 
 
 def schedule(lora_model: Any) -> None:
-    """Pins ``lora_model`` in this module's thread (it serves meanwhile)."""
+    """Pins ``lora_model`` in this module's thread (it serves meanwhile) and marks it ``PINNING``."""
     global _pool
     if not _pin_available:
         setattr(lora_model, MARK, PINNED)
@@ -114,10 +125,10 @@ def _pin_logged(lora_model: Any) -> None:
         size, seconds = pin(lora_model)
     except Exception:  # noqa: BLE001 - left pageable: it serves as it is, more slowly into slots
         setattr(lora_model, MARK, PINNED)
-        logger.exception("pinning adapter %s after its registration failed; it stays in pageable memory",
+        logger.exception("pinning adapter %s after its first activation failed; it stays in pageable memory",
                          lora_model.id)
         return
-    logger.info("adapter %s pinned after its registration in %.3f s (%.0f MiB)", lora_model.id, seconds,
+    logger.info("adapter %s pinned after its first activation in %.3f s (%.0f MiB)", lora_model.id, seconds,
                 size / (1 << 20))
 
 

@@ -1,7 +1,8 @@
 """When an adapter's host copy is pinned (``kernels.vllm.lora_pinning``), through vLLM's own merge
-pass (``LoRAModelManager._create_merged_loras_inplace``, run on a manager with no packed modules)
-and vLLM's own ``LoRAModel`` / ``LoRALayerWeights``. This host has no CUDA, so pinning is a copy
-here (``_pin_tensor``): what ``Tensor.pin_memory`` returns, less the page-locking."""
+pass (``LoRAModelManager._create_merged_loras_inplace``, run on a manager with no packed modules),
+its activation (``activate_adapter``, on a manager with no modules), ``LoRAModel`` and
+``LoRALayerWeights``. This host has no CUDA, so pinning is a copy here (``_pin_tensor``): what
+``Tensor.pin_memory`` returns, less the page-locking."""
 
 from __future__ import annotations
 
@@ -72,6 +73,16 @@ def _merge(model) -> None:
     model_manager_module.LoRAModelManager._create_merged_loras_inplace(manager, model)
 
 
+def _activate(model, slots: int = 2) -> bool:
+    """vLLM's ``activate_adapter`` on a manager of no modules with ``model`` registered: the copy
+    into a slot, as ``add_lora`` makes right after the merge pass."""
+    import vllm.lora.model_manager as model_manager_module
+
+    manager = types.SimpleNamespace(_active_adapters={}, lora_index_to_id=[None] * slots, modules={},
+                                    _registered_adapters={model.id: model})
+    return model_manager_module.LoRAModelManager.activate_adapter(manager, model.id)
+
+
 def test_vllms_own_loads_are_pinned_in_its_merge_pass(pinned):
     model = _model()
     _merge(model)  # scaling folded into B, then pinned: vLLM's order
@@ -96,9 +107,21 @@ def test_a_preparing_merge_leaves_pinning_to_its_thread(pinned):
     assert getattr(model, lora_pinning.MARK) == lora_pinning.PINNED
 
 
+def test_a_deferred_adapter_is_pinned_after_its_first_activation_not_in_the_merge_pass(pinned, monkeypatch):
+    model = _model()
+    setattr(model, lora_pinning.MARK, lora_pinning.DEFERRED)
+    before = _tensors(model)
+    _merge(model)  # registration: nothing pinned or scheduled yet
+    assert getattr(model, lora_pinning.MARK) == lora_pinning.DEFERRED and pinned == []
+    scheduled = []
+    monkeypatch.setattr(lora_pinning, "schedule", scheduled.append)
+    assert _activate(model) is True  # the first copy into a slot read the pageable tensors
+    assert scheduled == [model] and all(a is b for a, b in zip(_tensors(model), before))
+
+
 def test_deferred_pinning_swaps_in_copies_while_the_adapter_is_read(pinned, monkeypatch):
-    """Registration returns with the pageable tensors; the pinning thread swaps each for its copy
-    while a reader (a copy into a slot) keeps reading: it always reads the adapter's values."""
+    """The first activation returns with the pageable tensors; the pinning thread swaps each for
+    its copy while a reader (a copy into a slot) keeps reading: it always reads the adapter's values."""
     model = _model(modules=40)
     setattr(model, lora_pinning.MARK, lora_pinning.PREPARING)
     _merge(model)
@@ -116,7 +139,7 @@ def test_deferred_pinning_swaps_in_copies_while_the_adapter_is_read(pinned, monk
     reader = threading.Thread(target=read_slots)
     reader.start()
     try:
-        _merge(model)  # registration: the merge pass finds a deferred adapter and schedules it
+        _activate(model)  # the first activation finds a deferred adapter and schedules it
         assert getattr(model, lora_pinning.MARK) == lora_pinning.PINNING
         assert lora_pinning.drain(30)
     finally:
