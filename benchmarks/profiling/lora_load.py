@@ -58,12 +58,14 @@ def _tensors(lora):
                     yield w, attr, x
 
 
-def once(path: Path, num_experts: int) -> dict[str, float]:
+def read_as_vllm(path: Path, num_experts: int, times: dict[str, float] | None = None):
+    """The adapter as vLLM's manager holds it before pinning: read, restacked, scaled (each
+    step's seconds into ``times`` when given); returns the ``LoRAModel``."""
     import torch
     from vllm.lora.lora_model import LoRAModel
     from vllm.lora.peft_helper import PEFTHelper
 
-    times: dict[str, float] = {}
+    times = {} if times is None else times
     t = time.perf_counter()
     peft = PEFTHelper.from_local_dir(str(path), None)
     lora = LoRAModel.from_local_checkpoint(str(path), _modules(path), peft, lora_model_id=1, device="cpu",
@@ -76,7 +78,19 @@ def once(path: Path, num_experts: int) -> dict[str, float]:
     for w in lora.loras.values():
         w.optimize()
     times["scale"] = time.perf_counter() - t
-    pinned = [x for _, _, x in _tensors(lora)]
+    return lora
+
+
+def host_tensors(lora) -> list:
+    """Every host tensor of ``lora`` (what a pin or an activation copies), once each."""
+    return [x for _, _, x in _tensors(lora)]
+
+
+def once(path: Path, num_experts: int) -> dict[str, float]:
+    import torch
+
+    times: dict[str, float] = {}
+    pinned = host_tensors(read_as_vllm(path, num_experts, times))
     times["bytes"] = float(sum(x.numel() * x.element_size() for x in pinned))
     if not torch.cuda.is_available():  # a CPU host: vLLM pins nothing and copies nothing
         return times | {"pin": 0.0, "h2d": 0.0}
