@@ -4,7 +4,7 @@ ray.serve.llm) are compared side by side with one workload.
 
 Closed loop: N workers, each sending its next request when the previous one ends, for a fixed
 number of requests, after a warm-up phase that is not counted (it addresses every model in turn,
-so adapter loads and first compiles happen there). One httpx connection pool (HTTP/1.1 keep-alive)
+so adapter loads and first compiles happen there). One aiohttp connection pool (HTTP/1.1 keep-alive)
 sized to the concurrency; the SSE stream is parsed here.
 
 Workload: prompts are lists of random token ids (``prompt: [ints]``, seeded: the same seed replays

@@ -108,7 +108,7 @@ async def probe_once(client: httpx.AsyncClient, key: str, body: dict, index: int
             if resp.status_code != 200:
                 rec.error = (await resp.aread()).decode(errors="replace")[:500]
                 return ProbeRecord(record=rec, gateway=gateway)
-            await read_stream(resp, state)
+            await read_stream(resp.aiter_lines(), state)
     except httpx.HTTPError as exc:
         rec.error = f"{type(exc).__name__}: {exc}"
         return ProbeRecord(record=rec, gateway=gateway)

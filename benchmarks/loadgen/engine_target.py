@@ -74,10 +74,12 @@ class EngineTarget:
                               temperature=spec.temperature, output_kind=RequestOutputKind.DELTA)
 
     async def send_one(self, spec: LoadSpec, phase: str, index: int, adapter: str | None,
-                       t_phase: float, state: StreamState | None = None) -> RequestRecord:
-        """One request, measured from submission to its last output (its outputs into ``state`` when given)."""
+                       t_phase: float, state: StreamState | None = None,
+                       token_ids: list[int] | None = None) -> RequestRecord:
+        """One request, measured from submission to its last output (its outputs into ``state`` when
+        given); ``token_ids``: its prompt when built beforehand."""
         model = spec.target.model_name(adapter)
-        prompt = {"prompt_token_ids": prompt_ids(spec, phase, index)}
+        prompt = {"prompt_token_ids": token_ids if token_ids is not None else prompt_ids(spec, phase, index)}
         sampling = self._sampling(spec)
         state = state if state is not None else StreamState(spec.endpoint)
         t_send = time.perf_counter()
@@ -110,8 +112,10 @@ class EngineTarget:
         if spec.endpoint != "completions":
             raise ValueError("the in-process target runs the completions workload (token-id prompts) only")
 
+        prompts = [prompt_ids(spec, phase, i) for i in range(len(models))]  # before the phase, as the HTTP client
+
         async def send(index: int, adapter: str | None, t0: float, state: StreamState | None) -> RequestRecord:
-            return await self.send_one(spec, phase, index, adapter, t0, state)
+            return await self.send_one(spec, phase, index, adapter, t0, state, prompts[index])
 
         return await run_workers(spec, models, send)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 from benchmarks.loadgen.spec import RequestRecord
@@ -66,11 +67,11 @@ class StreamState:
             self.cumulative.append(self.tokens_seen if obj.get("usage") else None)
 
 
-async def read_stream(resp, state: StreamState) -> None:
-    """Every SSE event of an open streaming response into ``state``, each timed at the arrival of
-    its last line."""
+async def read_stream(lines: AsyncIterator[str], state: StreamState) -> None:
+    """Every SSE event of an open streaming response (its ``lines``, line endings stripped) into
+    ``state``, each timed at the arrival of its last line."""
     pending: list[tuple[float, str]] = []
-    async for line in resp.aiter_lines():
+    async for line in lines:
         pending.append((time.perf_counter(), line))
         if not line:
             for t, payload in sse_events(pending):
