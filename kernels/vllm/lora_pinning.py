@@ -11,13 +11,14 @@ module does, with vLLM's rule (every host tensor of every module, once, after th
   thread, before ``add_lora`` takes it;
 - with ``DEFERRED``: after its first activation (``add_lora`` registers an adapter and copies it
   into a GPU slot at once), by a thread of this module, while the adapter already serves: the
-  first copy into a slot reads pageable memory (the same values), and page-locking, which
-  needs the driver and the host's memory too, does not slow that copy down (benchmarks/RESULTS.md).
+  first copy into a slot reads pageable memory (the same values) and no longer runs beside the
+  page-locking, which slowed it several-fold (benchmarks/RESULTS.md); the page-locking runs
+  beside the engine's next steps instead.
 
 Invariant: a tensor is replaced by its pinned copy, never changed in place, one attribute or list
 item at a time, so a copy into a slot made meanwhile reads either and gets the same values. The
 mark ``MARK`` on a ``LoRAModel`` says where it stands: ``PREPARING`` (a preparing thread merges
-it: not pinned here), ``DEFERRED`` (pinned once registered), ``PINNING``, ``PINNED``.
+it: not pinned here), ``DEFERRED`` (pinned once activated), ``PINNING``, ``PINNED``.
 """
 
 from __future__ import annotations
