@@ -130,12 +130,19 @@ class EngineConfig(_Strict):
         "engine keeps stepping (kernels.vllm.lora_loads); add_lora then only registers it. 0: vLLM's way, the whole "
         "load inside the engine's loop, one adapter at a time, every stream of the batch waiting.",
     )
-    adapter_pinning: Literal["deferred", "eager"] = Field(
+    adapter_pinning: Literal["deferred", "eager", "pooled"] = Field(
         "deferred", description="Where the engine runs on a GPU, when a prepared adapter's host copy is page-locked "
         "(kernels.vllm.lora_pinning): 'eager' before add_lora, as vLLM does (its first copies into a slot are DMA); "
         "'deferred' once add_lora has copied it into its first slot, in a thread of the engine process, so a cold "
-        "adapter serves without waiting for it (copies into a slot read pageable memory until it is done). Loads not prepared off the loop "
+        "adapter serves without waiting for it (copies into a slot read pageable memory until it is done); "
+        "'pooled' copied before add_lora into a page-locked region reserved at start (adapter_pinned_region_gib; "
+        "kernels.vllm.pinned_region), as 'deferred' when the region has no room. Loads not prepared off the loop "
         "(adapter_load_threads 0) are pinned as vLLM pins them.",
+    )
+    adapter_pinned_region_gib: float = Field(
+        0.0, ge=0, description="With adapter_pinning 'pooled': GiB of host memory page-locked once at start (before "
+        "the replica is ready) to hold adapters' host copies; counts against the host's memory for the replica's "
+        "life. 0 with 'pooled' is refused.",
     )
     shape_warmup: bool = Field(
         True, description="Before the replica takes traffic, one base-model step of every token-count class up to "
@@ -156,6 +163,9 @@ class EngineConfig(_Strict):
     def _check_loras(self) -> "EngineConfig":
         if self.max_cpu_loras < self.max_loras:
             raise ValueError("max_cpu_loras must be >= max_loras (vLLM requires it)")
+        if self.adapter_pinning == "pooled" and self.adapter_pinned_region_gib <= 0:
+            raise ValueError("adapter_pinning 'pooled' needs adapter_pinned_region_gib > 0 (the region adapters are "
+                             "copied into), e.g. a few adapters' size")
         return self
 
 

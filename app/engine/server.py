@@ -89,6 +89,9 @@ class EngineServer:
         if ecfg.shape_warmup:
             with start_log.phase("shape warm-up"):
                 self.shape_warmup = await shape_warmup.run(self.serving.engine, ecfg.seed)
+        if ecfg.adapter_pinning == "pooled":
+            with start_log.phase("pinned region"):
+                await vllm_serving.reserve_pinned_region(self.serving.engine, ecfg)
         self.chat_request_cls, self.completion_request_cls, self.error_cls = vllm_serving.request_types()
         self._error_from_exception = vllm_serving.error_from_exception
         self._vllm = vllm_serving

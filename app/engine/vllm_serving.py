@@ -317,6 +317,18 @@ def error_from_exception(exc: Exception) -> tuple[int, dict]:
     return int(err.error.code), err.model_dump()
 
 
+async def reserve_pinned_region(engine: Any, cfg: EngineConfig) -> float:
+    """With ``adapter_pinning: pooled``, page-locks the region prepared adapters are copied into
+    in every worker (``kernels.vllm.pinned_region``; none on a CPU engine); the slowest worker's
+    seconds (0 where nothing is reserved)."""
+    from kernels.vllm.worker_extension import RESERVE_PINNED
+
+    if cfg.adapter_pinning != "pooled" or cfg.adapter_load_threads == 0 or _is_cpu():
+        return 0.0
+    answers = await engine.collective_rpc(RESERVE_PINNED, args=(int(cfg.adapter_pinned_region_gib * 2**30),))
+    return max(seconds for _, seconds in answers)
+
+
 class ServingLoraOps:
     """``EngineLoraOps`` for the slot table: registers adapters with the engine and its serving layer.
 

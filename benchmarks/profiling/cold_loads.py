@@ -2,7 +2,7 @@
 one engine: what ``engine.adapter_pinning`` costs a cold request and the streams already running.
 
     python3 -m benchmarks.profiling.cold_loads SERVE_CONFIG --adapter DIR [--reps 3]
-        [--modes eager,deferred] [--streams 8] [--json OUT]
+        [--modes eager,deferred,pooled] [--region-gib 4] [--streams 8] [--json OUT]
 
 Starts SERVE_CONFIG's engine in process (``engine_from_config`` and the replica's shape warm-up,
 as the engine alone of ``benchmarks.gpu_stack``), keeps ``--streams`` base-model streams decoding
@@ -10,7 +10,8 @@ as the engine alone of ``benchmarks.gpu_stack``), keeps ``--streams`` base-model
 and id through the replica's load path (``app.engine.vllm_serving.ServingLoraOps.add_lora``: the
 preparation in a worker thread, then ``add_lora``) with that pinning mode, then one request of
 ``--prompt-len`` tokens on it (its TTFT: the cold request's, its adapter just registered), then the
-same request again (warm). Recorded per load: ``add_lora`` seconds, cold and warm TTFT, and the
+same request again (warm). ``--region-gib`` reserves the page-locked region ``pooled`` copies into
+(``kernels.vllm.pinned_region``) after the warm-up. Recorded per load: ``add_lora`` seconds, cold and warm TTFT, and the
 background streams' inter-token gaps from the load's start to the cold request's first token
 (median and worst). ``--settle`` seconds pass before the next load (a deferred pinning ends).
 On a CPU engine pinning is a no-op: both modes take the same path.
@@ -38,7 +39,7 @@ FIRST_ID = 1000  # lora_int_ids of the loads: clear of any the engine's warm-up 
 class Load(BaseModel):
     """One cold load and its requests."""
 
-    mode: str = Field(description="engine.adapter_pinning of this load: eager or deferred.")
+    mode: str = Field(description="engine.adapter_pinning of this load: eager, deferred or pooled.")
     rep: int
     add_lora_s: float = Field(description="ServingLoraOps.add_lora: preparation and add_lora.")
     cold_ttft_ms: float = Field(description="TTFT of the first request on the adapter, sent once add_lora returned.")
@@ -54,6 +55,8 @@ class ColdLoadsReport(BaseModel):
     prompt_len: int
     loads: list[Load] = Field(default_factory=list)
     steady_gap_p50_ms: float = Field(0.0, description="Median gap of the streams before any load.")
+    region_bytes: int = Field(0, description="The pinned region reserved (0: none).")
+    region_s: float = Field(0.0, description="Seconds its reservation took.")
 
 
 def window_gaps(arrivals: list[tuple[float, int]], start: float, end: float) -> list[float]:
@@ -114,7 +117,7 @@ async def ttft_ms(engine: Any, ids: list[int], lora: Any) -> float:
 
 
 async def run(serve_config: Path, adapter: Path, modes: list[str], reps: int, streams: int, prompt_len: int,
-              settle_s: float) -> ColdLoadsReport:
+              settle_s: float, region_gib: float = 0.0) -> ColdLoadsReport:
     from vllm.lora.request import LoRARequest
 
     from app.engine import shape_warmup
@@ -127,6 +130,11 @@ async def run(serve_config: Path, adapter: Path, modes: list[str], reps: int, st
     report = ColdLoadsReport(adapter=adapter.name, streams=streams, prompt_len=prompt_len)
     try:
         await shape_warmup.run(engine, cfg.seed)
+        if region_gib > 0:
+            from kernels.vllm.worker_extension import RESERVE_PINNED
+
+            size, seconds = (await engine.collective_rpc(RESERVE_PINNED, args=(int(region_gib * 2**30),)))[0]
+            report.region_bytes, report.region_s = int(size), round(seconds, 3)
         vocab = min(engine_limits(engine).vocab_size, shape_warmup.PROMPT_ID_RANGE)
         serving = types.SimpleNamespace(engine=engine, models=types.SimpleNamespace(lora_requests={}))
         ops = {m: ServingLoraOps(serving, cfg.adapter_load_threads, m) for m in modes}
@@ -168,8 +176,10 @@ async def run(serve_config: Path, adapter: Path, modes: list[str], reps: int, st
 
 def summary(report: ColdLoadsReport) -> str:
     """Median per mode over the reps."""
+    region = (f"; pinned region {report.region_bytes / 2**30:.1f} GiB reserved in {report.region_s} s"
+              if report.region_bytes else "")
     lines = [f"{report.adapter}: {report.streams} background streams (steady gap p50 {report.steady_gap_p50_ms} ms), "
-             f"{report.prompt_len}-token cold requests; median over reps",
+             f"{report.prompt_len}-token cold requests; median over reps{region}",
              "| pinning | loads | add_lora s | cold TTFT ms | warm TTFT ms | streams' gap p50 ms | streams' worst gap ms |",
              "|---|---|---|---|---|---|---|"]
     for mode in dict.fromkeys(x.mode for x in report.loads):
@@ -188,6 +198,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("serve_config", type=Path, help="a Serve config whose first application is loraplex")
     ap.add_argument("--adapter", type=Path, required=True, help="one PEFT adapter folder, loaded under fresh names")
     ap.add_argument("--modes", default="eager,deferred", help="pinning modes, comma-separated, alternated per rep")
+    ap.add_argument("--region-gib", type=float, default=0.0, help="the pinned region for 'pooled' (0: none)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--streams", type=int, default=8, help="background base-model streams")
     ap.add_argument("--prompt-len", type=int, default=1600)
@@ -195,9 +206,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
     modes = [m.strip() for m in a.modes.split(",") if m.strip()]
-    if not set(modes) <= {"eager", "deferred"}:
-        ap.error(f"--modes: eager and/or deferred, not {a.modes!r}")
-    report = asyncio.run(run(a.serve_config, a.adapter, modes, a.reps, a.streams, a.prompt_len, a.settle))
+    if not modes or not set(modes) <= {"eager", "deferred", "pooled"}:
+        ap.error(f"--modes: some of eager, deferred, pooled, not {a.modes!r}")
+    if "pooled" in modes and a.region_gib <= 0:
+        ap.error("--modes pooled needs --region-gib > 0")
+    report = asyncio.run(run(a.serve_config, a.adapter, modes, a.reps, a.streams, a.prompt_len, a.settle,
+                             a.region_gib))
     print(summary(report))
     if a.json:
         a.json.write_text(report.model_dump_json(indent=1))

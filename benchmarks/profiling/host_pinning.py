@@ -7,7 +7,10 @@ restack, scale), then, on a CUDA host, in one process, each step on *fresh* page
 back, as for an adapter the engine has never held):
 
 - ``pin``: ``pin_memory()`` of every tensor (what ``lora_pinning.pin`` does);
-- ``pin_arena``: one page-locked buffer of the adapter's bytes, every tensor copied into a view;
+- ``pin_arena``: one page-locked region of the adapter's bytes (``kernels.vllm.pinned_region``), every
+  tensor copied into a view;
+- ``arena_copy``: the same copies into that buffer again, already page-locked (what ``pooled``
+  pinning pays: ``kernels.vllm.pinned_region``);
 - ``h2d_pinned`` / ``h2d_pageable``: every tensor copied into a GPU buffer of its shape (what an
   activation in a slot moves), synchronised;
 - ``h2d_pageable_beside_pin``: the pageable copy while another thread pins a fresh copy (the
@@ -30,27 +33,18 @@ from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks.profiling.lora_load import host_tensors, read_as_vllm
+from kernels.vllm.pinned_region import PinnedRegion, aligned
 
-COPIES = ("pin", "pin_arena", "h2d_pinned", "h2d_pageable", "h2d_pageable_beside_pin")
-ALIGN = 256  # bytes: each view of the arena starts aligned as an allocator's block would
+COPIES = ("pin", "pin_arena", "arena_copy", "h2d_pinned", "h2d_pageable", "h2d_pageable_beside_pin")
 
 
 def arena_copy(tensors: list, pin: bool = True) -> tuple[object, list]:
-    """``(buffer, views)``: one host buffer of every tensor's bytes (page-locked when ``pin``),
-    each tensor copied into its own aligned view, in order; the views equal the tensors."""
-    import torch
-
-    offsets, total = [], 0
-    for x in tensors:
-        offsets.append(total)
-        total += -(-x.numel() * x.element_size() // ALIGN) * ALIGN
-    buffer = torch.empty(total, dtype=torch.uint8, pin_memory=pin)
-    views = []
-    for x, off in zip(tensors, offsets):
-        view = buffer[off:off + x.numel() * x.element_size()].view(x.dtype).view(x.shape)
-        view.copy_(x)
-        views.append(view)
-    return buffer, views
+    """``(region, views)``: a ``PinnedRegion`` of exactly the tensors' aligned bytes (page-locked
+    when ``pin``), each tensor copied into its own view of it, in order."""
+    region = PinnedRegion(sum(aligned(x.numel() * x.element_size()) for x in tensors), pin=pin)
+    placed = region.copy_in(tensors)
+    assert placed is not None  # sized for them
+    return region, placed[1]
 
 
 def beside(work: Callable[[], object], background: Callable[[], object]) -> tuple[float, float]:
@@ -131,6 +125,8 @@ def one_rep(tensors: list, gpu: list, keep: list, step: StepStandIn, steps: int)
     out["pin"] = _timed(pin_fresh)
     pinned = keep[-1]
     out["pin_arena"] = _timed(lambda: keep.append(arena_copy(tensors)))
+    views = keep[-1][1]
+    out["arena_copy"] = _timed(lambda: [v.copy_(x) for v, x in zip(views, tensors)])
     out["h2d_pinned"] = _timed(lambda: _copy_all(gpu, pinned))
     out["h2d_pageable"] = _timed(lambda: _copy_all(gpu, tensors))
     out["h2d_pageable_beside_pin"], out["pin_beside_h2d"] = beside(lambda: _copy_all(gpu, tensors), pin_fresh)

@@ -32,7 +32,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from kernels.vllm import lora_pinning
+from kernels.vllm import lora_pinning, pinned_region
 from kernels.vllm.patching import Patches
 
 logger = logging.getLogger("vllm.loraplex")
@@ -77,13 +77,15 @@ def install(patches: Patches) -> None:
 
 def prepare(manager: Any, lora_request: Any, threads: int, pinning: lora_pinning.Pinning = lora_pinning.EAGER) -> bool:
     """Starts preparing ``lora_request`` for ``manager`` (the worker's ``WorkerLoRAManager``), its
-    host copy pinned before ``add_lora`` (``EAGER``) or after its first activation (``DEFERRED``);
+    host copy pinned before ``add_lora`` (``EAGER``), copied into the pinned region (``POOLED``) or
+    pinned after its first activation (``DEFERRED``; ``POOLED`` where the region has no room);
     False when it is registered or being prepared already."""
     global _pool
     if _original_load is None:
         raise RuntimeError("loraplex's adapter loads are not installed in this process")
-    if pinning not in (lora_pinning.EAGER, lora_pinning.DEFERRED):
-        raise ValueError(f"pinning must be {lora_pinning.EAGER!r} or {lora_pinning.DEFERRED!r}, not {pinning!r}")
+    modes = (lora_pinning.EAGER, lora_pinning.DEFERRED, lora_pinning.POOLED)
+    if pinning not in modes:
+        raise ValueError(f"pinning must be one of {', '.join(map(repr, modes))}, not {pinning!r}")
     with _lock:
         if lora_request.lora_int_id in _prepared or lora_request.lora_int_id in manager.list_adapters():
             return False
@@ -146,12 +148,17 @@ def _prepare(manager: Any, lora_request: Any, threads: int, pinning: str) -> Any
     setattr(lora, lora_pinning.MARK, lora_pinning.PREPARING)  # the merge pass below leaves pinning to us
     manager._adapter_manager._create_merged_loras_inplace(lora)
     t2 = time.perf_counter()
+    copied = pinned_region.adopt(lora) if pinning == lora_pinning.POOLED and lora_pinning.pin_available() else 0
     if pinning == lora_pinning.EAGER:
         size, seconds = lora_pinning.pin(lora)
         pinned = f"pin {seconds:.3f} s ({size / (1 << 20):.0f} MiB)"
+    elif copied:
+        setattr(lora, lora_pinning.MARK, lora_pinning.PINNED)
+        pinned = f"copy into the pinned region {time.perf_counter() - t2:.3f} s ({copied / (1 << 20):.0f} MiB)"
     else:
         setattr(lora, lora_pinning.MARK, lora_pinning.DEFERRED)
-        pinned = "pinning after its first activation"
+        pinned = "pinning after its first activation" + (
+            " (no room in the pinned region)" if pinning == lora_pinning.POOLED and lora_pinning.pin_available() else "")
     t3 = time.perf_counter()
     logger.info("adapter %s prepared off the loop in %.3f s: read %.3f s, merge %.3f s, %s (%d torch threads; "
                 "OMP_NUM_THREADS=%s)", lora_request.lora_name, t3 - t0, t1 - t0, t2 - t1, pinned,

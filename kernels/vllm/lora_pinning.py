@@ -9,6 +9,8 @@ module does, with vLLM's rule (every host tensor of every module, once, after th
 - a load vLLM makes itself (nothing prepared it): right after its merge pass, as vLLM does;
 - a load prepared off the loop (``kernels.vllm.lora_loads``) with ``EAGER``: by the preparing
   thread, before ``add_lora`` takes it;
+- with ``POOLED``: copied by the preparing thread into a block of the page-locked region reserved
+  at start (``kernels.vllm.pinned_region``: no page-locking in the load), else as ``DEFERRED``;
 - with ``DEFERRED``: after its first activation (``add_lora`` registers an adapter and copies it
   into a GPU slot at once), by a thread of this module, while the adapter already serves: the
   first copy into a slot reads pageable memory (the same values) and no longer runs beside the
@@ -33,9 +35,10 @@ from kernels.vllm.patching import Patches
 
 logger = logging.getLogger("vllm.loraplex")
 
-Pinning = Literal["eager", "deferred"]
+Pinning = Literal["eager", "deferred", "pooled"]
 EAGER: Pinning = "eager"
 DEFERRED: Pinning = "deferred"
+POOLED: Pinning = "pooled"  # copied into the region reserved at start (kernels.vllm.pinned_region), else DEFERRED
 MARK = "_loraplex_pinning"
 PREPARING, PINNING, PINNED = "preparing", "pinning", "pinned"
 
@@ -100,6 +103,11 @@ def pin(lora_model: Any) -> tuple[int, float]:
                     done += value.numel() * value.element_size()
     setattr(lora_model, MARK, PINNED)
     return done, time.perf_counter() - t0
+
+
+def pin_available() -> bool:
+    """Whether host memory can be page-locked here (vLLM's own flag: a CUDA host)."""
+    return _pin_available
 
 
 def _needs_pinning(t: Any) -> bool:

@@ -37,6 +37,7 @@ PREPARE_LORA = "loraplex_prepare_lora"
 LORA_READY = "loraplex_lora_ready"
 DISCARD_LORA = "loraplex_discard_lora"
 COMPILES = "loraplex_compiles"
+RESERVE_PINNED = "loraplex_reserve_pinned"
 logger = logging.getLogger("vllm.loraplex")
 
 
@@ -85,6 +86,15 @@ class LoraplexWorkerExtension:
         if not isinstance(lora_request, LoRARequest):
             lora_request = msgspec.convert(lora_request, LoRARequest)
         return lora_loads.prepare(self.model_runner.lora_manager, lora_request, threads, pinning)
+
+    def loraplex_reserve_pinned(self, nbytes: int) -> list[float]:
+        """Reserves the page-locked region adapters prepared with ``pooled`` pinning are copied
+        into (``kernels.vllm.pinned_region``; none on a host that cannot page-lock);
+        ``[its bytes, seconds spent]``."""
+        from kernels.vllm import lora_pinning, pinned_region
+
+        size, seconds = pinned_region.reserve(int(nbytes), lora_pinning.pin_available())
+        return [float(size), seconds]
 
     def loraplex_lora_ready(self, lora_int_id: int) -> bool:
         from kernels.vllm import lora_loads

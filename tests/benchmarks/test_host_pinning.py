@@ -12,16 +12,18 @@ import pytest
 import torch
 
 from adapters_registry.manifest import BaseModelInfo
-from benchmarks.profiling.host_pinning import ALIGN, arena_copy, beside, main
+from benchmarks.profiling.host_pinning import arena_copy, beside, main
 from benchmarks.profiling.lora_load import host_tensors, read_as_vllm
 from benchmarks.synthetic_adapters import synthetic_adapter
+from kernels.vllm.pinned_region import ALIGN
 
 
 def test_the_arena_holds_every_tensor_aligned_and_equal(embedded_model_dir, tmp_path):
     base = BaseModelInfo.from_model_dir(embedded_model_dir)
     folder = synthetic_adapter(tmp_path / "a", base, r=4, experts="3d", dtype="bfloat16")
     tensors = host_tensors(read_as_vllm(folder, base.num_experts))
-    buffer, views = arena_copy(tensors, pin=False)  # no CUDA here: the layout, not the page-locking
+    region, views = arena_copy(tensors, pin=False)
+    buffer = region.buffer  # no CUDA here: the layout, not the page-locking
     assert len(views) == len(tensors) > 0
     assert all(v.shape == x.shape and v.dtype == x.dtype and torch.equal(v, x) for v, x in zip(views, tensors))
     starts = [v.data_ptr() - buffer.data_ptr() for v in views]

@@ -104,6 +104,9 @@ def test_error_response_shape_and_retry_after():
 def test_config_validation():
     with pytest.raises(ValidationError, match="max_cpu_loras"):
         EngineConfig(max_loras=8, max_cpu_loras=4)
+    with pytest.raises(ValidationError, match="adapter_pinned_region_gib"):
+        EngineConfig(adapter_pinning="pooled")  # pooled with no region to copy into
+    assert EngineConfig(adapter_pinning="pooled", adapter_pinned_region_gib=4).adapter_pinned_region_gib == 4
     with pytest.raises(ValidationError):
         AppConfig.model_validate({"engine": {"not_a_field": 1}})
     assert AppConfig().resolved_store_uri().startswith("file://")
