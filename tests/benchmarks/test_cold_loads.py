@@ -30,8 +30,10 @@ def test_the_profile_runs_on_the_cpu_engine(embedded_model_dir, demo_adapter_sou
 
     config = write_config(tmp_path / "serve.yaml", 8000, {"engine": {"model": str(embedded_model_dir)}})
     adapter = next(iter(demo_adapter_sources.values()))
-    report = asyncio.run(run(config, adapter, ["eager", "deferred"], reps=1, streams=2, prompt_len=32, settle_s=0.5))
-    assert [x.mode for x in report.loads] == ["eager", "deferred"]
+    report = asyncio.run(run(config, adapter, ["eager", "deferred", "pooled"], reps=1, streams=2, prompt_len=32,
+                             settle_s=0.5, region_gib=0.25))
+    assert [x.mode for x in report.loads] == ["eager", "deferred", "pooled"]
+    assert report.region_bytes == 0  # a CPU engine page-locks nothing: no region, pooled loads defer
     for load in report.loads:
         assert load.add_lora_s > 0 and load.cold_ttft_ms > 0 and load.warm_ttft_ms > 0
         assert load.gaps > 0 and 0 < load.gap_p50_ms <= load.gap_max_ms  # the streams kept decoding meanwhile
