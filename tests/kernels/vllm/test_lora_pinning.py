@@ -114,7 +114,12 @@ def test_a_deferred_adapter_is_pinned_after_its_first_activation_not_in_the_merg
     _merge(model)  # registration: nothing pinned or scheduled yet
     assert getattr(model, lora_pinning.MARK) == lora_pinning.DEFERRED and pinned == []
     scheduled = []
-    monkeypatch.setattr(lora_pinning, "schedule", scheduled.append)
+
+    def schedule(m):  # what the real one does first: mark it (a second wrapper of this process skips it)
+        scheduled.append(m)
+        setattr(m, lora_pinning.MARK, lora_pinning.PINNING)
+
+    monkeypatch.setattr(lora_pinning, "schedule", schedule)
     assert _activate(model) is True  # the first copy into a slot read the pageable tensors
     assert scheduled == [model] and all(a is b for a, b in zip(_tensors(model), before))
 
