@@ -35,6 +35,8 @@ from benchmarks.loadgen.workload import request_body
 from benchmarks.stacks.process import free_port
 
 CLIENTS = ("aiohttp", "httpx")
+HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+EVENT = b'data: {"choices":[{"index":0,"text":"x"}],"usage":{"prompt_tokens":1,"completion_tokens":%d}}\n\n'
 LABELS = {"aiohttp": "aiohttp, bodies built before the phase (the load generator)",
           "httpx": "httpx, each body built as it is sent (before)"}
 
@@ -51,9 +53,9 @@ async def _serve(port: int, chunks: int, chunk_s: float, arrivals: Path) -> None
                 length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
                                if line.lower().startswith(b"content-length:")), 0)
                 await reader.readexactly(length)
-                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+                writer.write(HEAD)
                 for i in range(chunks):
-                    event = b'data: {"choices":[{"index":0,"text":"x"}],"usage":{"prompt_tokens":1,"completion_tokens":%d}}\n\n' % (i + 1)
+                    event = EVENT % (i + 1)
                     writer.write(b"%x\r\n%s\r\n" % (len(event), event))
                     await writer.drain()
                     await asyncio.sleep(chunk_s)

@@ -160,7 +160,8 @@ async def run(serve_config: Path, adapter: Path, modes: list[str], reps: int, st
                     gaps = window_gaps(background.arrivals, t0, t_first)
                     report.loads.append(Load(
                         mode=mode, rep=rep, add_lora_s=round(added, 4), cold_ttft_ms=round(cold, 2),
-                        warm_ttft_ms=round(warm, 2), gap_p50_ms=round(statistics.median(gaps) * 1e3, 2) if gaps else 0.0,
+                        warm_ttft_ms=round(warm, 2),
+                        gap_p50_ms=round(statistics.median(gaps) * 1e3, 2) if gaps else 0.0,
                         gap_max_ms=round(max(gaps) * 1e3, 2) if gaps else 0.0, gaps=len(gaps)))
                     last = report.loads[-1]
                     print(f"{mode:>9} rep {rep}: add_lora {last.add_lora_s:.3f} s, TTFT cold {last.cold_ttft_ms:.1f} / "
@@ -180,7 +181,8 @@ def summary(report: ColdLoadsReport) -> str:
               if report.region_bytes else "")
     lines = [f"{report.adapter}: {report.streams} background streams (steady gap p50 {report.steady_gap_p50_ms} ms), "
              f"{report.prompt_len}-token cold requests; median over reps{region}",
-             "| pinning | loads | add_lora s | cold TTFT ms | warm TTFT ms | streams' gap p50 ms | streams' worst gap ms |",
+             "| pinning | loads | add_lora s | cold TTFT ms | warm TTFT ms | streams' gap p50 ms "
+             "| streams' worst gap ms |",
              "|---|---|---|---|---|---|---|"]
     for mode in dict.fromkeys(x.mode for x in report.loads):
         rows = [x for x in report.loads if x.mode == mode]

@@ -32,7 +32,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks.profiling.lora_load import host_tensors, read_as_vllm
+from benchmarks.profiling.lora_load import read_as_vllm
+from kernels.vllm.lora_pinning import host_tensors
 from kernels.vllm.pinned_region import PinnedRegion, aligned
 
 COPIES = ("pin", "pin_arena", "arena_copy", "h2d_pinned", "h2d_pageable", "h2d_pageable_beside_pin")
@@ -44,7 +45,7 @@ def arena_copy(tensors: list, pin: bool = True) -> tuple[object, list]:
     region = PinnedRegion(sum(aligned(x.numel() * x.element_size()) for x in tensors), pin=pin)
     placed = region.copy_in(tensors)
     assert placed is not None  # sized for them
-    return region, placed[1]
+    return region, placed[2]
 
 
 def beside(work: Callable[[], object], background: Callable[[], object]) -> tuple[float, float]:

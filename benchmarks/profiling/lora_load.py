@@ -22,6 +22,8 @@ import statistics
 import time
 from pathlib import Path
 
+from kernels.vllm.lora_pinning import host_tensors
+
 STEPS = ("read", "restack", "scale", "pin", "h2d")
 
 
@@ -49,15 +51,6 @@ def _restack(lora, num_experts: int) -> None:
             w.lora_b = w.lora_b.reshape(w.lora_b.shape[0], -1, num_experts).permute(2, 0, 1).contiguous()
 
 
-def _tensors(lora):
-    for w in lora.loras.values():
-        for attr in ("lora_a", "lora_b"):
-            t = getattr(w, attr)
-            for x in t if isinstance(t, list) else [t]:
-                if x is not None:
-                    yield w, attr, x
-
-
 def read_as_vllm(path: Path, num_experts: int, times: dict[str, float] | None = None):
     """The adapter as vLLM's manager holds it before pinning: read, restacked, scaled (each
     step's seconds into ``times`` when given); returns the ``LoRAModel``."""
@@ -79,11 +72,6 @@ def read_as_vllm(path: Path, num_experts: int, times: dict[str, float] | None = 
         w.optimize()
     times["scale"] = time.perf_counter() - t
     return lora
-
-
-def host_tensors(lora) -> list:
-    """Every host tensor of ``lora`` (what a pin or an activation copies), once each."""
-    return [x for _, _, x in _tensors(lora)]
 
 
 def once(path: Path, num_experts: int) -> dict[str, float]:

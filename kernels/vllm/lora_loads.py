@@ -148,7 +148,8 @@ def _prepare(manager: Any, lora_request: Any, threads: int, pinning: str) -> Any
     setattr(lora, lora_pinning.MARK, lora_pinning.PREPARING)  # the merge pass below leaves pinning to us
     manager._adapter_manager._create_merged_loras_inplace(lora)
     t2 = time.perf_counter()
-    copied = pinned_region.adopt(lora) if pinning == lora_pinning.POOLED and lora_pinning.pin_available() else 0
+    pooled = pinning == lora_pinning.POOLED and lora_pinning.pin_available()
+    copied = pinned_region.adopt(lora) if pooled else 0
     if pinning == lora_pinning.EAGER:
         size, seconds = lora_pinning.pin(lora)
         pinned = f"pin {seconds:.3f} s ({size / (1 << 20):.0f} MiB)"
@@ -157,8 +158,7 @@ def _prepare(manager: Any, lora_request: Any, threads: int, pinning: str) -> Any
         pinned = f"copy into the pinned region {time.perf_counter() - t2:.3f} s ({copied / (1 << 20):.0f} MiB)"
     else:
         setattr(lora, lora_pinning.MARK, lora_pinning.DEFERRED)
-        pinned = "pinning after its first activation" + (
-            " (no room in the pinned region)" if pinning == lora_pinning.POOLED and lora_pinning.pin_available() else "")
+        pinned = "pinning after its first activation" + (" (no room in the pinned region)" if pooled else "")
     t3 = time.perf_counter()
     logger.info("adapter %s prepared off the loop in %.3f s: read %.3f s, merge %.3f s, %s (%d torch threads; "
                 "OMP_NUM_THREADS=%s)", lora_request.lora_name, t3 - t0, t1 - t0, t2 - t1, pinned,

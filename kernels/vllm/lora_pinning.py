@@ -84,23 +84,53 @@ def install(patches: Patches) -> None:
     patches.wrap(manager, "activate_adapter", make_activate)  # the LRU manager's calls it (super)
 
 
+Slot = tuple[Any, str, "int | None"]  # (layer weights, "lora_a" or "lora_b", list index or None)
+
+
+def host_tensor_slots(lora_model: Any) -> list[Slot]:
+    """Where every CPU tensor of ``lora_model`` sits (packed modules hold a list, with None gaps)."""
+    out: list[Slot] = []
+    for lora in lora_model.loras.values():
+        for side in ("lora_a", "lora_b"):
+            value = getattr(lora, side)
+            if isinstance(value, list):
+                out.extend((lora, side, i) for i, t in enumerate(value) if t is not None and t.device.type == "cpu")
+            elif value is not None and value.device.type == "cpu":
+                out.append((lora, side, None))
+    return out
+
+
+def tensor_at(slot: Slot) -> Any:
+    lora, side, i = slot
+    value = getattr(lora, side)
+    return value if i is None else value[i]
+
+
+def put_tensor(slot: Slot, tensor: Any) -> None:
+    """Replaces the tensor at ``slot`` (the module's invariant: replaced, never changed in place)."""
+    lora, side, i = slot
+    if i is None:
+        setattr(lora, side, tensor)
+    else:
+        getattr(lora, side)[i] = tensor
+
+
+def host_tensors(lora_model: Any) -> list[Any]:
+    """Every CPU tensor of ``lora_model``, once each (what a pin or a copy into a slot moves)."""
+    return [tensor_at(s) for s in host_tensor_slots(lora_model)]
+
+
 def pin(lora_model: Any) -> tuple[int, float]:
     """Replaces every host tensor of ``lora_model`` by its pinned copy (a no-op where nothing can
     be pinned) and marks it ``PINNED``; ``(bytes pinned, seconds)``."""
     t0 = time.perf_counter()
     done = 0
     if _pin_available:
-        for lora in lora_model.loras.values():
-            for side in ("lora_a", "lora_b"):
-                value = getattr(lora, side)
-                if isinstance(value, list):  # packed modules: one tensor (or None) per slice
-                    for i, t in enumerate(value):
-                        if _needs_pinning(t):
-                            value[i] = _pin_tensor(t)
-                            done += t.numel() * t.element_size()
-                elif _needs_pinning(value):
-                    setattr(lora, side, _pin_tensor(value))
-                    done += value.numel() * value.element_size()
+        for slot in host_tensor_slots(lora_model):
+            t = tensor_at(slot)
+            if not t.is_pinned():
+                put_tensor(slot, _pin_tensor(t))
+                done += t.numel() * t.element_size()
     setattr(lora_model, MARK, PINNED)
     return done, time.perf_counter() - t0
 
@@ -108,10 +138,6 @@ def pin(lora_model: Any) -> tuple[int, float]:
 def pin_available() -> bool:
     """Whether host memory can be page-locked here (vLLM's own flag: a CUDA host)."""
     return _pin_available
-
-
-def _needs_pinning(t: Any) -> bool:
-    return t is not None and t.device.type == "cpu" and not t.is_pinned()
 
 
 def schedule(lora_model: Any) -> None:

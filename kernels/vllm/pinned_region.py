@@ -19,6 +19,8 @@ import time
 import weakref
 from typing import Any
 
+from kernels.vllm.lora_pinning import host_tensor_slots, put_tensor, tensor_at
+
 logger = logging.getLogger("vllm.loraplex")
 
 ALIGN = 256  # bytes; every view starts aligned as an allocator's block would
@@ -26,34 +28,6 @@ ALIGN = 256  # bytes; every view starts aligned as an allocator's block would
 
 def aligned(nbytes: int) -> int:
     return -(-nbytes // ALIGN) * ALIGN
-
-
-def host_tensor_slots(lora_model: Any) -> list[tuple[Any, str, int | None]]:
-    """``(layer weights, "lora_a"/"lora_b", list index or None)`` of every CPU tensor of
-    ``lora_model`` (packed modules hold a list with None gaps)."""
-    out = []
-    for lora in lora_model.loras.values():
-        for side in ("lora_a", "lora_b"):
-            value = getattr(lora, side)
-            if isinstance(value, list):
-                out.extend((lora, side, i) for i, t in enumerate(value) if t is not None and t.device.type == "cpu")
-            elif value is not None and value.device.type == "cpu":
-                out.append((lora, side, None))
-    return out
-
-
-def _get(slot: tuple[Any, str, int | None]) -> Any:
-    lora, side, i = slot
-    value = getattr(lora, side)
-    return value if i is None else value[i]
-
-
-def _put(slot: tuple[Any, str, int | None], tensor: Any) -> None:
-    lora, side, i = slot
-    if i is None:
-        setattr(lora, side, tensor)
-    else:
-        getattr(lora, side)[i] = tensor
 
 
 class _Block:
@@ -114,9 +88,9 @@ class PinnedRegion:
                     merged.append((off, size))
             self._free = merged
 
-    def copy_in(self, tensors: list[Any]) -> tuple[int, list[Any]] | None:
+    def copy_in(self, tensors: list[Any]) -> tuple[int, int, list[Any]] | None:
         """One block holding a copy of each of ``tensors``, each an aligned view of it, in order:
-        ``(its offset, the views)``; None when no block fits."""
+        ``(its offset, its size, the views)``; None when no block fits."""
         sizes = [aligned(t.numel() * t.element_size()) for t in tensors]
         offset = self.allocate(sum(sizes))
         if offset is None:
@@ -127,22 +101,22 @@ class PinnedRegion:
             view.copy_(t)
             views.append(view)
             pos += size
-        return offset, views
+        return offset, sum(sizes), views
 
     def adopt(self, lora_model: Any) -> int:
         """Copies every host tensor of ``lora_model`` into one block and replaces each by its view
-        (one at a time, as ``lora_pinning.pin`` replaces); the bytes copied, or 0 when no block
-        fits (nothing changed)."""
+        (``lora_pinning.put_tensor``, one at a time); the bytes copied, or 0 when no block fits
+        (nothing changed)."""
         slots = host_tensor_slots(lora_model)
-        tensors = [_get(s) for s in slots]
+        tensors = [tensor_at(s) for s in slots]
         placed = self.copy_in(tensors) if tensors else None
         if placed is None:
             return 0
-        offset, views = placed
-        block = _Block(self, offset, sum(aligned(t.numel() * t.element_size()) for t in tensors), len(views))
+        offset, size, views = placed
+        block = _Block(self, offset, size, len(views))
         for slot, view in zip(slots, views):
             weakref.finalize(view, block.view_collected)
-            _put(slot, view)
+            put_tensor(slot, view)
         return sum(t.numel() * t.element_size() for t in tensors)
 
 

@@ -13,8 +13,9 @@ import torch
 
 from adapters_registry.manifest import BaseModelInfo
 from benchmarks.profiling.host_pinning import arena_copy, beside, main
-from benchmarks.profiling.lora_load import host_tensors, read_as_vllm
+from benchmarks.profiling.lora_load import read_as_vllm
 from benchmarks.synthetic_adapters import synthetic_adapter
+from kernels.vllm.lora_pinning import host_tensors
 from kernels.vllm.pinned_region import ALIGN
 
 

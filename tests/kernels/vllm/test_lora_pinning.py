@@ -15,6 +15,7 @@ import torch
 
 from kernels.vllm import lora_pinning
 from kernels.vllm.patching import Patches
+from tests.helpers.lora_models import lora_tensors, small_lora_model
 
 
 @pytest.fixture
@@ -43,29 +44,6 @@ def pinned(monkeypatch):
     assert lora_model_module.PIN_MEMORY is True and model_manager_module.PIN_MEMORY is True
 
 
-def _model(seed: int = 0, modules: int = 3):
-    """A rank-4 adapter of ``modules`` plain layers and one packed (list) layer with a gap."""
-    from vllm.lora.lora_model import LoRAModel
-    from vllm.lora.lora_weights import LoRALayerWeights, PackedLoRALayerWeights
-
-    g = torch.Generator().manual_seed(seed)
-    loras = {f"layers.{i}.proj": LoRALayerWeights(f"layers.{i}.proj", 4, 8, torch.randn(4, 16, generator=g),
-                                                  torch.randn(32, 4, generator=g))
-             for i in range(modules)}
-    loras["layers.qkv"] = PackedLoRALayerWeights(
-        "layers.qkv", 4, [8, None, 8], [torch.randn(4, 16, generator=g), None, torch.randn(4, 16, generator=g)],
-        [torch.randn(32, 4, generator=g), None, torch.randn(32, 4, generator=g)], scaling=[2.0, 1.0, 2.0])
-    return LoRAModel(7, 4, loras)
-
-
-def _tensors(model) -> list[torch.Tensor]:
-    out = []
-    for lora in model.loras.values():
-        for side in (lora.lora_a, lora.lora_b):
-            out.extend(t for t in (side if isinstance(side, list) else [side]) if t is not None)
-    return out
-
-
 def _merge(model) -> None:
     import vllm.lora.model_manager as model_manager_module
 
@@ -84,33 +62,33 @@ def _activate(model, slots: int = 2) -> bool:
 
 
 def test_vllms_own_loads_are_pinned_in_its_merge_pass(pinned):
-    model = _model()
+    model = small_lora_model()
     _merge(model)  # scaling folded into B, then pinned: vLLM's order
-    expected = _model()
+    expected = small_lora_model()
     for lora in expected.loras.values():
         lora.optimize()
     assert getattr(model, lora_pinning.MARK) == lora_pinning.PINNED
-    got = _tensors(model)
+    got = lora_tensors(model)
     assert len(got) == 10 and all(any(t is c for c in pinned) for t in got)  # every tensor, None entries kept
-    assert all(torch.equal(a, b) for a, b in zip(got, _tensors(expected)))
+    assert all(torch.equal(a, b) for a, b in zip(got, lora_tensors(expected)))
     assert model.loras["layers.qkv"].lora_a[1] is None and model.loras["layers.qkv"].lora_b[1] is None
 
 
 def test_a_preparing_merge_leaves_pinning_to_its_thread(pinned):
-    model = _model()
+    model = small_lora_model()
     setattr(model, lora_pinning.MARK, lora_pinning.PREPARING)
-    before = _tensors(model)
+    before = lora_tensors(model)
     _merge(model)
-    assert all(a is b for a, b in zip(_tensors(model), before)) and pinned == []
+    assert all(a is b for a, b in zip(lora_tensors(model), before)) and pinned == []
     size, _ = lora_pinning.pin(model)  # the eager preparation: pinned by the preparing thread
     assert size == sum(t.numel() * t.element_size() for t in before) and len(pinned) == 10
     assert getattr(model, lora_pinning.MARK) == lora_pinning.PINNED
 
 
 def test_a_deferred_adapter_is_pinned_after_its_first_activation_not_in_the_merge_pass(pinned, monkeypatch):
-    model = _model()
+    model = small_lora_model()
     setattr(model, lora_pinning.MARK, lora_pinning.DEFERRED)
-    before = _tensors(model)
+    before = lora_tensors(model)
     _merge(model)  # registration: nothing pinned or scheduled yet
     assert getattr(model, lora_pinning.MARK) == lora_pinning.DEFERRED and pinned == []
     scheduled = []
@@ -121,16 +99,16 @@ def test_a_deferred_adapter_is_pinned_after_its_first_activation_not_in_the_merg
 
     monkeypatch.setattr(lora_pinning, "schedule", schedule)
     assert _activate(model) is True  # the first copy into a slot read the pageable tensors
-    assert scheduled == [model] and all(a is b for a, b in zip(_tensors(model), before))
+    assert scheduled == [model] and all(a is b for a, b in zip(lora_tensors(model), before))
 
 
 def test_deferred_pinning_swaps_in_copies_while_the_adapter_is_read(pinned, monkeypatch):
     """The first activation returns with the pageable tensors; the pinning thread swaps each for
     its copy while a reader (a copy into a slot) keeps reading: it always reads the adapter's values."""
-    model = _model(modules=40)
+    model = small_lora_model(modules=40)
     setattr(model, lora_pinning.MARK, lora_pinning.PREPARING)
     _merge(model)
-    reference = [t.clone() for t in _tensors(model)]
+    reference = [t.clone() for t in lora_tensors(model)]
     slow = lora_pinning._pin_tensor
     monkeypatch.setattr(lora_pinning, "_pin_tensor", lambda t: (time.sleep(0.002), slow(t))[1])
     setattr(model, lora_pinning.MARK, lora_pinning.DEFERRED)
@@ -138,7 +116,7 @@ def test_deferred_pinning_swaps_in_copies_while_the_adapter_is_read(pinned, monk
 
     def read_slots():
         while not stop.is_set():
-            assert all(torch.equal(a, b) for a, b in zip(_tensors(model), reference))
+            assert all(torch.equal(a, b) for a, b in zip(lora_tensors(model), reference))
             reads[0] += 1
 
     reader = threading.Thread(target=read_slots)
@@ -151,14 +129,14 @@ def test_deferred_pinning_swaps_in_copies_while_the_adapter_is_read(pinned, monk
         stop.set()
         reader.join()
     assert getattr(model, lora_pinning.MARK) == lora_pinning.PINNED and len(pinned) == len(reference)
-    assert all(any(t is c for c in pinned) for t in _tensors(model))
-    assert all(torch.equal(a, b) for a, b in zip(_tensors(model), reference)) and reads[0] > 0
+    assert all(any(t is c for c in pinned) for t in lora_tensors(model))
+    assert all(torch.equal(a, b) for a, b in zip(lora_tensors(model), reference)) and reads[0] > 0
 
 
 def test_a_failed_deferred_pinning_leaves_the_adapter_pageable(pinned, monkeypatch, caplog):
-    model = _model()
+    model = small_lora_model()
     setattr(model, lora_pinning.MARK, lora_pinning.DEFERRED)
-    before = _tensors(model)
+    before = lora_tensors(model)
 
     def fail(t):
         raise RuntimeError("CUDA error: out of memory (host)")
@@ -167,20 +145,20 @@ def test_a_failed_deferred_pinning_leaves_the_adapter_pageable(pinned, monkeypat
     with caplog.at_level("ERROR", logger="vllm.loraplex"):
         lora_pinning.schedule(model)
         assert lora_pinning.drain(30)
-    assert all(a is b for a, b in zip(_tensors(model), before))
+    assert all(a is b for a, b in zip(lora_tensors(model), before))
     assert getattr(model, lora_pinning.MARK) == lora_pinning.PINNED
     assert "stays in pageable memory" in caplog.text
 
 
 def test_without_pinnable_memory_nothing_is_copied(monkeypatch):
     monkeypatch.setattr(lora_pinning, "_pin_available", False)
-    model = _model()
-    before = _tensors(model)
+    model = small_lora_model()
+    before = lora_tensors(model)
     assert lora_pinning.pin(model)[0] == 0
     setattr(model, lora_pinning.MARK, lora_pinning.DEFERRED)
     lora_pinning.schedule(model)  # nothing to schedule: marked done at once
     assert getattr(model, lora_pinning.MARK) == lora_pinning.PINNED
-    assert all(a is b for a, b in zip(_tensors(model), before))
+    assert all(a is b for a, b in zip(lora_tensors(model), before))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (page-locked host memory)")
@@ -190,12 +168,12 @@ def test_deferred_pinning_page_locks_every_tensor_on_a_gpu_host():
     lora_pinning.install(patches)
     try:
         assert lora_pinning._pin_available
-        model = _model(modules=8)
-        reference = [t.clone() for t in _tensors(model)]
+        model = small_lora_model(modules=8)
+        reference = [t.clone() for t in lora_tensors(model)]
         setattr(model, lora_pinning.MARK, lora_pinning.DEFERRED)
         lora_pinning.schedule(model)
         assert lora_pinning.drain(60)
-        assert all(t.is_pinned() for t in _tensors(model))
-        assert all(torch.equal(a, b) for a, b in zip(_tensors(model), reference))
+        assert all(t.is_pinned() for t in lora_tensors(model))
+        assert all(torch.equal(a, b) for a, b in zip(lora_tensors(model), reference))
     finally:
         patches.undo()

@@ -11,30 +11,17 @@ import pytest
 import torch
 
 from kernels.vllm import pinned_region
-from kernels.vllm.pinned_region import ALIGN, PinnedRegion, aligned, host_tensor_slots
+from kernels.vllm.pinned_region import ALIGN, PinnedRegion, aligned
+from tests.helpers.lora_models import lora_tensors, small_lora_model
 
 
-def _model(seed: int = 0, modules: int = 3, lora_id: int = 7):
-    """A rank-4 adapter of ``modules`` plain layers and one packed (list) layer with a gap."""
-    from vllm.lora.lora_model import LoRAModel
-    from vllm.lora.lora_weights import LoRALayerWeights, PackedLoRALayerWeights
-
-    g = torch.Generator().manual_seed(seed)
-    loras = {f"layers.{i}.proj": LoRALayerWeights(f"layers.{i}.proj", 4, 8, torch.randn(4, 16, generator=g),
-                                                  torch.randn(30, 4, generator=g).to(torch.bfloat16))
-             for i in range(modules)}
-    loras["layers.qkv"] = PackedLoRALayerWeights(
-        "layers.qkv", 4, [8, None, 8], [torch.randn(4, 16, generator=g), None, torch.randn(4, 16, generator=g)],
-        [torch.randn(32, 4, generator=g), None, torch.randn(32, 4, generator=g)], scaling=[2.0, 1.0, 2.0])
-    return LoRAModel(lora_id, 4, loras)
-
-
-def _tensors(model) -> list[torch.Tensor]:
-    return [pinned_region._get(s) for s in host_tensor_slots(model)]
+def _model(seed: int = 0, lora_id: int = 7):
+    """B tensors of 30 rows in bfloat16: sizes that are no multiple of ``ALIGN``, two dtypes."""
+    return small_lora_model(seed, lora_id=lora_id, b_rows=30, b_dtype=torch.bfloat16)
 
 
 def _bytes(model) -> int:
-    return sum(aligned(t.numel() * t.element_size()) for t in _tensors(model))
+    return sum(aligned(t.numel() * t.element_size()) for t in lora_tensors(model))
 
 
 def test_blocks_are_first_fit_aligned_and_merge_when_released():
@@ -53,9 +40,9 @@ def test_blocks_are_first_fit_aligned_and_merge_when_released():
 def test_an_adopted_adapter_holds_views_of_one_block_with_its_values():
     region = PinnedRegion(1 << 20, pin=False)
     model = _model()
-    before = [t.clone() for t in _tensors(model)]
+    before = [t.clone() for t in lora_tensors(model)]
     copied = region.adopt(model)
-    after = _tensors(model)
+    after = lora_tensors(model)
     assert copied == sum(t.numel() * t.element_size() for t in before)
     assert all(torch.equal(a, b) and a.dtype == b.dtype for a, b in zip(after, before))
     base = region.buffer.data_ptr()
@@ -81,23 +68,24 @@ def test_a_block_returns_only_when_every_view_of_it_is_gone():
 def test_no_room_leaves_the_adapter_as_it_was():
     model = _model()
     region = PinnedRegion(_bytes(model) - ALIGN, pin=False)
-    before = _tensors(model)
+    before = lora_tensors(model)
     assert region.adopt(model) == 0
-    assert all(a is b for a, b in zip(_tensors(model), before)) and region.free_bytes() == region.nbytes
+    assert all(a is b for a, b in zip(lora_tensors(model), before)) and region.free_bytes() == region.nbytes
 
 
 def test_two_adapters_never_share_bytes_and_a_freed_block_is_reused():
     region = PinnedRegion(4 * (1 << 14), pin=False)
     first, second = _model(1, lora_id=1), _model(2, lora_id=2)
     assert region.adopt(first) and region.adopt(second)
-    spans = [{(t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in _tensors(m)} for m in (first, second)]
+    spans = [{(t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in lora_tensors(m)}
+             for m in (first, second)]
     assert all(b1 <= a2 or b2 <= a1 for a1, b1 in spans[0] for a2, b2 in spans[1])
-    reference = [t.clone() for t in _tensors(second)]
+    reference = [t.clone() for t in lora_tensors(second)]
     del first
     gc.collect()
     third = _model(3, lora_id=3)
     assert region.adopt(third)
-    assert all(torch.equal(a, b) for a, b in zip(_tensors(second), reference))  # untouched by the reuse
+    assert all(torch.equal(a, b) for a, b in zip(lora_tensors(second), reference))  # untouched by the reuse
 
 
 def test_reserve_makes_no_region_where_nothing_can_be_page_locked():
@@ -126,7 +114,7 @@ def test_a_pooled_preparation_copies_into_the_region_else_defers(monkeypatch, ro
     request = types.SimpleNamespace(lora_name="a", lora_int_id=5)
     assert lora_loads._prepare(manager, request, 0, lora_pinning.POOLED) is model
     inside = [region.buffer.data_ptr() <= t.data_ptr() < region.buffer.data_ptr() + region.nbytes
-              for t in _tensors(model)]
+              for t in lora_tensors(model)]
     if room:
         assert all(inside) and getattr(model, lora_pinning.MARK) == lora_pinning.PINNED
     else:
