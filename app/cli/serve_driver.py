@@ -6,7 +6,9 @@ gRPC and controller options, submits the applications and sleeps until SIGINT, w
 of them: an application Serve cannot build or start (an exception in the builder, replicas that
 keep failing their constructor) leaves it serving nothing, forever. This driver does the same
 start, then polls Serve's status and ends (exit 1, Serve shut down) with Serve's message when an
-application reaches ``DEPLOY_FAILED``. SIGINT shuts Serve down and exits 0, as ``serve run``.
+application reaches ``DEPLOY_FAILED``. SIGINT shuts Serve down and exits 0, as ``serve run``, and
+so does SIGTERM, whatever dispositions the driver inherited (Python leaves SIGINT ignored when it
+starts ignored, as in a shell's background job).
 
 Ray internals used here, and nowhere else: ``ray.serve._private.api.serve_start`` and the
 client's ``deploy_apps`` (what ``serve run`` calls; Ray 2.60). Another Ray version falls back to
@@ -18,6 +20,7 @@ client's ``deploy_apps`` (what ``serve run`` calls; Ray 2.60). Another Ray versi
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 from pathlib import Path
@@ -91,11 +94,22 @@ def watch(poll_s: float = POLL_S) -> int:
         return 0
 
 
+def _stop(signum: int, frame) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def take_stop_signals() -> None:
+    """SIGINT and SIGTERM raise ``KeyboardInterrupt`` in the main thread: the clean stop."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _stop)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m app.cli.serve_driver", description=__doc__.splitlines()[0])
     ap.add_argument("config", type=Path)
     ap.add_argument("--address", default="local", help="Ray address: local (a new cluster) or a cluster's GCS address")
     args = ap.parse_args(argv)
+    take_stop_signals()
     try:
         start(args.config, args.address)
     except KeyboardInterrupt:

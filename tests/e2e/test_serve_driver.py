@@ -78,3 +78,40 @@ def test_an_application_serve_cannot_build_ends_the_driver_with_serves_message(l
         for p in stack_processes(home):
             subprocess.run(["kill", "-9", str(p)], check=False)
         shutil.rmtree(env["RAY_TMPDIR"], ignore_errors=True)
+
+
+WATCHING = """
+import sys
+from types import SimpleNamespace
+from ray import serve
+from app.cli import serve_driver
+serve.status = lambda: SimpleNamespace(applications={"loraplex": SimpleNamespace(status="RUNNING", message="")})
+serve.shutdown = lambda: print("serve shut down", flush=True)
+serve_driver.take_stop_signals()
+print("watching", flush=True)
+sys.exit(serve_driver.watch(poll_s=0.05))
+"""
+
+
+@pytest.mark.parametrize("signum", ["SIGINT", "SIGTERM"])
+def test_the_driver_stops_cleanly_on_a_stop_signal_even_if_it_started_with_sigint_ignored(signum):
+    """A shell's background job starts with SIGINT ignored, and Python then keeps it ignored:
+    the driver takes SIGINT and SIGTERM as its clean stop (Serve shut down, exit 0) anyway."""
+    import signal
+    import sys
+
+    from tests.helpers.paths import REPO, pythonpath_with_repo
+
+    def ignore_sigint():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    proc = subprocess.Popen([sys.executable, "-c", WATCHING], cwd=REPO, env={"PYTHONPATH": pythonpath_with_repo()},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=ignore_sigint)
+    try:
+        assert proc.stdout.readline().strip() == "watching"
+        proc.send_signal(getattr(signal, signum))
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, out
+    assert "stopping: shutting Serve down" in out and "serve shut down" in out, out
