@@ -63,11 +63,15 @@ PROBE_PROMPT = "hello"
 
 
 def _normal_scheduling() -> None:
-    """In the child before ``exec``: the default policy (a real-time parent's is inherited)."""
+    """In the child before ``exec``: the default policy (a real-time parent's is inherited) and
+    the default dispositions of the stop signals (a parent started as a shell's background job
+    has SIGINT ignored, and ``serve run`` would then ignore the SIGINT that stops it)."""
     try:
         os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
     except (AttributeError, OSError):
         pass
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_DFL)
 
 
 def cmdline(pid: int | str) -> str:

@@ -46,3 +46,27 @@ def test_without_hurry_the_stop_waits_out_the_childs_own_grace(tmp_path, monkeyp
     took = time.monotonic() - t0
     assert child.proc.poll() is not None
     assert took >= 2 * HURRY_GRACE_S, f"stop took {took:.1f} s: the grace was cut without hurry()"
+
+
+def test_a_child_stops_on_sigint_though_its_parent_ignores_sigint(tmp_path, monkeypatch):
+    """A benchmark run as a shell's background job has SIGINT ignored; the servers it starts must
+    not inherit that (``serve run`` stops on SIGINT): the stop takes the child's own exit, not the
+    grace and the group's SIGTERM."""
+    import signal
+
+    monkeypatch.setattr(process, "_hurried", False)
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        child = ChildProcess("polite", [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(600)"],
+                             base_env({}), tmp_path / "polite.log", stop_signal=signal.SIGINT, grace_s=60.0)
+        child.start()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    deadline = time.monotonic() + 60
+    while "up" not in child.log_path.read_text() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    t0 = time.monotonic()
+    child.stop()
+    took = time.monotonic() - t0
+    assert child.proc.returncode != 0 and "KeyboardInterrupt" in child.log_tail(), child.log_tail()
+    assert took < 10, f"stop took {took:.1f} s: the child ignored its SIGINT"
