@@ -38,7 +38,6 @@ from app.cli.serve_env import PROXIES, Proxy, serve_env
 DEFAULT_CONFIG = "deploy/config.yaml"
 SHUTDOWN_GRACE_S = float(os.environ.get("LORAPLEX_SHUTDOWN_GRACE_S", "60"))
 KILL_GRACE_S = 10.0
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 SHM = Path("/dev/shm")
 
 
@@ -83,21 +82,15 @@ def _announce_when_ready(base_url: str, stop: threading.Event) -> None:
             pass
 
 
-def _default_stop_signals() -> None:
-    """In the child before ``exec``: default dispositions (ignored ones are inherited)."""
-    for signum in STOP_SIGNALS:
-        signal.signal(signum, signal.SIG_DFL)
-
-
 class Supervisor:
     """Runs the driver in its own process group and stops the group on request (module doc)."""
 
     def __init__(self, cmd: list[str], env: dict[str, str]) -> None:
         self.stop_requested_at: float | None = None
-        for signum in STOP_SIGNALS:  # before the child exists: no window without a handler
+        for signum in serve_driver.STOP_SIGNALS:  # before the child exists: no window without a handler
             signal.signal(signum, self.request_stop)
         self.proc = subprocess.Popen(cmd, env=env, start_new_session=True,
-                                     preexec_fn=_default_stop_signals)
+                                     preexec_fn=serve_driver.default_stop_signals)
 
     def request_stop(self, signum=None, frame=None) -> None:
         if self.stop_requested_at is None:

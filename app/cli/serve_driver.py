@@ -29,6 +29,7 @@ import yaml
 
 RAY_SERIES = "2.60."  # the Ray whose serve run this reproduces
 POLL_S = 2.0
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # what stops the driver, serve run and loraplex serve
 
 
 def supported() -> bool:
@@ -99,9 +100,16 @@ def _stop(signum: int, frame) -> None:
 
 
 def take_stop_signals() -> None:
-    """SIGINT and SIGTERM raise ``KeyboardInterrupt`` in the main thread: the clean stop."""
-    for signum in (signal.SIGINT, signal.SIGTERM):
+    """The ``STOP_SIGNALS`` raise ``KeyboardInterrupt`` in the main thread: the clean stop."""
+    for signum in STOP_SIGNALS:
         signal.signal(signum, _stop)
+
+
+def default_stop_signals() -> None:
+    """The ``STOP_SIGNALS``' default dispositions: in a child before ``exec`` (an ignored one is
+    inherited, and Python keeps SIGINT ignored when it starts so)."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_DFL)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,6 +37,7 @@ from pathlib import Path
 import httpx
 
 from app.cli.serve_cmd import SHM, remove_new_shm
+from app.cli.serve_driver import default_stop_signals
 from benchmarks.loadgen.spec import TargetSpec
 from benchmarks.stacks.host_memory import memory_line
 from tests.helpers.net import free_port
@@ -70,8 +71,7 @@ def _normal_scheduling() -> None:
         os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
     except (AttributeError, OSError):
         pass
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, signal.SIG_DFL)
+    default_stop_signals()
 
 
 def cmdline(pid: int | str) -> str:

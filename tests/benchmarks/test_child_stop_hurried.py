@@ -14,9 +14,9 @@ STUBBORN = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN);
             "signal.signal(signal.SIGINT, signal.SIG_IGN); print('up', flush=True); time.sleep(600)")
 
 
-def _started(tmp_path, name: str) -> ChildProcess:
-    child = ChildProcess(name, [sys.executable, "-c", STUBBORN], base_env({}), tmp_path / f"{name}.log",
-                         grace_s=60.0, kill_grace_s=60.0)
+def _started(tmp_path, name: str, code: str = STUBBORN, **options) -> ChildProcess:
+    options = {"grace_s": 60.0, "kill_grace_s": 60.0, **options}
+    child = ChildProcess(name, [sys.executable, "-c", code], base_env({}), tmp_path / f"{name}.log", **options)
     child.start()
     deadline = time.monotonic() + 60
     while "up" not in child.log_path.read_text() and time.monotonic() < deadline:
@@ -57,14 +57,10 @@ def test_a_child_stops_on_sigint_though_its_parent_ignores_sigint(tmp_path, monk
     monkeypatch.setattr(process, "_hurried", False)
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        child = ChildProcess("polite", [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(600)"],
-                             base_env({}), tmp_path / "polite.log", stop_signal=signal.SIGINT, grace_s=60.0)
-        child.start()
+        child = _started(tmp_path, "polite", "import time; print('up', flush=True); time.sleep(600)",
+                         stop_signal=signal.SIGINT)
     finally:
         signal.signal(signal.SIGINT, previous)
-    deadline = time.monotonic() + 60
-    while "up" not in child.log_path.read_text() and time.monotonic() < deadline:
-        time.sleep(0.1)
     t0 = time.monotonic()
     child.stop()
     took = time.monotonic() - t0
