@@ -8,7 +8,9 @@ keep failing their constructor) leaves it serving nothing, forever. This driver 
 start, then polls Serve's status and ends (exit 1, Serve shut down) with Serve's message when an
 application reaches ``DEPLOY_FAILED``. SIGINT shuts Serve down and exits 0, as ``serve run``, and
 so does SIGTERM, whatever dispositions the driver inherited (Python leaves SIGINT ignored when it
-starts ignored, as in a shell's background job).
+starts ignored, as in a shell's background job). While starting, a stop signal interrupts the start
+(``KeyboardInterrupt``); once started, it only sets ``STOP_REQUESTED``, which the watch waits on, so
+no signal can land between two handlers.
 
 Ray internals used here, and nowhere else: ``ray.serve._private.api.serve_start`` and the
 client's ``deploy_apps`` (what ``serve run`` calls; Ray 2.60). Another Ray version falls back to
@@ -22,7 +24,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
-import time
+import threading
 from pathlib import Path
 
 import yaml
@@ -30,6 +32,8 @@ import yaml
 RAY_SERIES = "2.60."  # the Ray whose serve run this reproduces
 POLL_S = 2.0
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # what stops the driver, serve run and loraplex serve
+STOP_REQUESTED = threading.Event()  # set by a stop signal once the start is over
+_starting = False  # while True, a stop signal raises KeyboardInterrupt instead
 
 
 def supported() -> bool:
@@ -73,34 +77,34 @@ def start(config_path: Path, address: str):
 
 
 def watch(poll_s: float = POLL_S) -> int:
-    """Until an application fails to deploy (1) or SIGINT (0); Serve is shut down either way."""
+    """Until an application fails to deploy (1) or a stop signal (0); Serve is shut down either way."""
     from ray import serve
 
-    try:
-        while True:
-            time.sleep(poll_s)
-            try:
-                status = serve.status()
-            except Exception as exc:  # noqa: BLE001 - the controller restarting, say: ask again later
-                print(f"Serve's status not read ({type(exc).__name__}: {exc}); asking again", file=sys.stderr, flush=True)
-                continue
-            if failed := failed_applications(status):
-                for name, message in failed.items():
-                    print(f"application {name!r} failed to deploy; Serve says:\n{message}", file=sys.stderr, flush=True)
-                serve.shutdown()
-                return 1
-    except KeyboardInterrupt:
-        print("stopping: shutting Serve down", flush=True)
-        serve.shutdown()
-        return 0
+    while not STOP_REQUESTED.wait(poll_s):
+        try:
+            status = serve.status()
+        except Exception as exc:  # noqa: BLE001 - the controller restarting, say: ask again later
+            print(f"Serve's status not read ({type(exc).__name__}: {exc}); asking again", file=sys.stderr, flush=True)
+            continue
+        if failed := failed_applications(status):
+            for name, message in failed.items():
+                print(f"application {name!r} failed to deploy; Serve says:\n{message}", file=sys.stderr, flush=True)
+            serve.shutdown()
+            return 1
+    print("stopping: shutting Serve down", flush=True)
+    serve.shutdown()
+    return 0
 
 
 def _stop(signum: int, frame) -> None:
-    raise KeyboardInterrupt(signal.Signals(signum).name)
+    if _starting:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+    STOP_REQUESTED.set()
 
 
 def take_stop_signals() -> None:
-    """The ``STOP_SIGNALS`` raise ``KeyboardInterrupt`` in the main thread: the clean stop."""
+    """The ``STOP_SIGNALS`` become the clean stop: ``KeyboardInterrupt`` while starting, else
+    ``STOP_REQUESTED`` set."""
     for signum in STOP_SIGNALS:
         signal.signal(signum, _stop)
 
@@ -117,12 +121,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("config", type=Path)
     ap.add_argument("--address", default="local", help="Ray address: local (a new cluster) or a cluster's GCS address")
     args = ap.parse_args(argv)
+    global _starting
+    _starting = True
     take_stop_signals()
     try:
         start(args.config, args.address)
+        _starting = False  # a signal before this line interrupts inside the try; after it, sets the event
     except KeyboardInterrupt:
+        print("stopped while starting: shutting Serve down", flush=True)
+        _shutdown_if_connected()
         return 0
-    return watch()
+    return watch(POLL_S)
+
+
+def _shutdown_if_connected() -> None:
+    """Serve shut down if this process got as far as connecting to Ray (a stop mid-start)."""
+    import ray
+    from ray import serve
+
+    if ray.is_initialized():
+        serve.shutdown()
 
 
 if __name__ == "__main__":

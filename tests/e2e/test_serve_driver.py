@@ -80,23 +80,38 @@ def test_an_application_serve_cannot_build_ends_the_driver_with_serves_message(l
         shutil.rmtree(env["RAY_TMPDIR"], ignore_errors=True)
 
 
-WATCHING = """
-import sys
+DRIVER = """
+import sys, time
 from types import SimpleNamespace
+import ray
 from ray import serve
 from app.cli import serve_driver
-serve.status = lambda: SimpleNamespace(applications={"loraplex": SimpleNamespace(status="RUNNING", message="")})
+PHASE = sys.argv[1]
+
+def status():
+    print("watching", flush=True)
+    return SimpleNamespace(applications={"loraplex": SimpleNamespace(status="RUNNING", message="")})
+
+def start(config, address):
+    if PHASE == "starting":
+        print("starting", flush=True)
+        time.sleep(60)
+
+serve.status = status
 serve.shutdown = lambda: print("serve shut down", flush=True)
-serve_driver.take_stop_signals()
-print("watching", flush=True)
-sys.exit(serve_driver.watch(poll_s=0.05))
+ray.is_initialized = lambda: True
+serve_driver.start = start
+serve_driver.POLL_S = 0.05
+sys.exit(serve_driver.main(["serve.yaml"]))
 """
 
 
+@pytest.mark.parametrize("phase", ["starting", "watching"])
 @pytest.mark.parametrize("signum", ["SIGINT", "SIGTERM"])
-def test_the_driver_stops_cleanly_on_a_stop_signal_even_if_it_started_with_sigint_ignored(signum):
+def test_the_driver_stops_cleanly_on_a_stop_signal_even_if_it_started_with_sigint_ignored(signum, phase):
     """A shell's background job starts with SIGINT ignored, and Python then keeps it ignored:
-    the driver takes SIGINT and SIGTERM as its clean stop (Serve shut down, exit 0) anyway."""
+    the driver takes SIGINT and SIGTERM as its clean stop (Serve shut down, exit 0) anyway, both
+    while it starts Serve and once it watches it, however soon after either the signal comes."""
     import signal
     import sys
 
@@ -105,13 +120,16 @@ def test_the_driver_stops_cleanly_on_a_stop_signal_even_if_it_started_with_sigin
     def ignore_sigint():
         signal.signal(signal.SIGINT, signal.SIG_IGN)
 
-    proc = subprocess.Popen([sys.executable, "-c", WATCHING], cwd=REPO, env={"PYTHONPATH": pythonpath_with_repo()},
+    proc = subprocess.Popen([sys.executable, "-c", DRIVER, phase], cwd=REPO, env={"PYTHONPATH": pythonpath_with_repo()},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=ignore_sigint)
     try:
-        assert proc.stdout.readline().strip() == "watching"
+        assert proc.stdout.readline().strip() == phase
+        t0 = time.monotonic()
         proc.send_signal(getattr(signal, signum))
         out, _ = proc.communicate(timeout=30)
     finally:
         proc.kill()
     assert proc.returncode == 0, out
-    assert "stopping: shutting Serve down" in out and "serve shut down" in out, out
+    said = {"starting": "stopped while starting: shutting Serve down", "watching": "stopping: shutting Serve down"}
+    assert said[phase] in out and "serve shut down" in out, out
+    assert time.monotonic() - t0 < 10  # the signal stops it, not the 60 s start nor a later poll
