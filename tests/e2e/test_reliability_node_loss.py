@@ -50,6 +50,7 @@ def two_node_stack(loraplex_home, tmp_path):
     env = stack_env(home, {"PYTHONPATH": pythonpath_with_repo(), "RAY_AUTH_MODE": "token"})
     port = free_port()
     config = write_config(tmp_path / "serve-config.yaml", port, {
+        "topology": "split",
         "engine_deployment": {"num_replicas": 2, "max_replicas_per_node": 1},
         "gateway_deployment": {"ray_actor_options": {"num_cpus": 0, "resources": {HEAD_RESOURCE: 0.01}}},
     })
