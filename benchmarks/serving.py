@@ -29,15 +29,17 @@ Set up with ``bash scripts/setup.sh --bench`` (ray.serve.llm's imports beside th
     python benchmarks/serving.py [--servers vllm,ray-app,ray-llm,loraplex] [--requests 64]
         [--concurrency 1,8] [--json out.json] [--plot out.png] [--loraplex-checkout NAME=DIR ...]
 
-A level named again (``--concurrency 1,8,1,8,1,8``) is run again on the same server start: a phase of
-short requests is short, so one stall of the host moves it, and a verdict near a target wants
-several (``benchmarks/RESULTS.md``, serving path, section 12).
+A level named again (``--concurrency 1,8,1,8,1,8``) is run again on the same server start: a
+phase of short requests is short, so one stall of the host moves it, and a verdict near a target
+wants several (``benchmarks/RESULTS.md``, serving path, section 12).
 
 loraplex servers run ``deploy/config.yaml``'s topology (colocated: gateway and engine in one
-replica, ``app.colocated``) unless ``--loraplex-topology NAME=split`` (or ``=colocated``) says. ``--loraplex-engine NAME=KEY=VALUE`` changes one engine setting of
-loraplex server NAME (e.g. ``max_loras=2``, ``slot_quantum_s=0.5``: slot rotation against none,
-with a checkout of this one as the second server). ``--loraplex-proxy NAME=python`` runs loraplex server NAME with Serve's Python proxy instead of
-HAProxy (its start time, ``ready_s`` in the JSON, is printed for each server). ``--loraplex-checkout NAME=DIR`` adds a loraplex server named NAME that runs the code of another
+replica, ``app.colocated``) unless ``--loraplex-topology NAME=split`` (or ``=colocated``) says.
+``--loraplex-engine NAME=KEY=VALUE`` changes one engine setting of loraplex server NAME (e.g.
+``max_loras=2``, ``slot_quantum_s=0.5``: slot rotation against none, with a checkout of this one as
+the second server). ``--loraplex-proxy NAME=python`` runs loraplex server NAME with Serve's Python
+proxy instead of HAProxy (its start time, ``ready_s`` in the JSON, is printed for each server).
+``--loraplex-checkout NAME=DIR`` adds a loraplex server named NAME that runs the code of another
 checkout (e.g. the baseline of a change: ``git archive main | tar -x -C DIR``), started after the
 servers of ``--servers``, with the same home, adapters and workload: a change and its baseline
 measured in one run.
