@@ -6,8 +6,9 @@ the engine replicas, user code on the replica's own event loop (``RAY_SERVE_ENAB
 ``RAY_SERVE_THROUGHPUT_OPTIMIZED``). Each token a stream delivers then crosses one Python process
 less. HAProxy's config file and admin socket go under a folder of this run (Serve's defaults are
 fixed paths that two stacks on one machine would share), so do its metrics and stats ports (free
-ports instead of Serve's fixed ones; HAProxy binds them on every interface: they carry replica
-names and request counts, no tenant or adapter), and so do the ports of the fallback proxy that
+ports from ``app.cli.free_ports``, where no Ray process picks its own, instead of Serve's fixed
+ones; HAProxy binds them on every interface: they carry replica names and request counts, no
+tenant or adapter), and so do the ports of the fallback proxy that
 HAProxy sends requests to while no ingress replica is ready (Serve's fixed 8500/9500: a second
 stack on the machine, still starting, would hand its requests to the first stack's application).
 The draining period Serve keeps a stopping ingress replica for an external load balancer is
@@ -18,27 +19,15 @@ already set in the environment win over both.
 
 from __future__ import annotations
 
-import socket
 import tempfile
 from pathlib import Path
 from typing import Literal
 
+from app.cli.free_ports import free_ports
+
 Proxy = Literal["haproxy", "python"]
 PROXIES: tuple[Proxy, ...] = ("haproxy", "python")
 DRAINING_PERIOD_S = "5"
-
-
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct TCP ports free on this machine now (all held while picked: a port closed
-    and asked for again can come back)."""
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def serve_env(env: dict[str, str], proxy: Proxy) -> tuple[dict[str, str], Path | None]:

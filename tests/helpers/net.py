@@ -5,11 +5,12 @@ from __future__ import annotations
 import socket
 import threading
 
+from app.cli.free_ports import free_ports
+
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free now that no Ray process or kernel pick will take before the test binds it."""
+    return free_ports(1)[0]
 
 
 class StallingProxy:
