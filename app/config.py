@@ -131,13 +131,14 @@ class EngineConfig(_Strict):
         "load inside the engine's loop, one adapter at a time, every stream of the batch waiting.",
     )
     adapter_pinning: Literal["deferred", "eager", "pooled"] = Field(
-        "deferred", description="Where the engine runs on a GPU, when a prepared adapter's host copy is page-locked "
-        "(kernels.vllm.lora_pinning): 'eager' before add_lora, as vLLM does (its first copies into a slot are DMA); "
-        "'deferred' once add_lora has copied it into its first slot, in a thread of the engine process, so a cold "
-        "adapter serves without waiting for it (copies into a slot read pageable memory until it is done); "
-        "'pooled' copied before add_lora into a page-locked region reserved at start (adapter_pinned_region_gib; "
-        "kernels.vllm.pinned_region), as 'deferred' when the region has no room. Loads not prepared off the loop "
-        "(adapter_load_threads 0) are pinned as vLLM pins them.",
+        "eager", description="Where the engine runs on a GPU, when a prepared adapter's host copy is page-locked "
+        "(kernels.vllm.lora_pinning): 'eager' by the preparing thread before add_lora, as vLLM does (its first "
+        "copies into a slot are DMA); 'pooled' copied before add_lora into a page-locked region reserved at start "
+        "(adapter_pinned_region_gib; kernels.vllm.pinned_region: no page-locking during a load), as 'eager' when "
+        "the region has no room; 'deferred' once add_lora has copied it into its first slot, in a thread of the "
+        "engine process (add_lora returns sooner, but the page-locking then stalls the engine's next steps: the "
+        "cold request's first token waits for it). Loads not prepared off the loop (adapter_load_threads 0) are "
+        "pinned as vLLM pins them.",
     )
     adapter_pinned_region_gib: float = Field(
         0.0, ge=0, description="With adapter_pinning 'pooled': GiB of host memory page-locked once at start (before "

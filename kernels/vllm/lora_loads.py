@@ -150,15 +150,15 @@ def _prepare(manager: Any, lora_request: Any, threads: int, pinning: str) -> Any
     t2 = time.perf_counter()
     pooled = pinning == lora_pinning.POOLED and lora_pinning.pin_available()
     copied = pinned_region.adopt(lora) if pooled else 0
-    if pinning == lora_pinning.EAGER:
-        size, seconds = lora_pinning.pin(lora)
-        pinned = f"pin {seconds:.3f} s ({size / (1 << 20):.0f} MiB)"
-    elif copied:
+    if copied:
         setattr(lora, lora_pinning.MARK, lora_pinning.PINNED)
         pinned = f"copy into the pinned region {time.perf_counter() - t2:.3f} s ({copied / (1 << 20):.0f} MiB)"
-    else:
+    elif pinning == lora_pinning.DEFERRED:
         setattr(lora, lora_pinning.MARK, lora_pinning.DEFERRED)
-        pinned = "pinning after its first activation" + (" (no room in the pinned region)" if pooled else "")
+        pinned = "pinning after its first activation"
+    else:  # eager, or pooled with no room in the region
+        size, seconds = lora_pinning.pin(lora)
+        pinned = f"pin {seconds:.3f} s ({size / (1 << 20):.0f} MiB)" + (" (no room in the pinned region)" if pooled else "")
     t3 = time.perf_counter()
     logger.info("adapter %s prepared off the loop in %.3f s: read %.3f s, merge %.3f s, %s (%d torch threads; "
                 "OMP_NUM_THREADS=%s)", lora_request.lora_name, t3 - t0, t1 - t0, t2 - t1, pinned,

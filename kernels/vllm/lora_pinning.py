@@ -10,12 +10,13 @@ module does, with vLLM's rule (every host tensor of every module, once, after th
 - a load prepared off the loop (``kernels.vllm.lora_loads``) with ``EAGER``: by the preparing
   thread, before ``add_lora`` takes it;
 - with ``POOLED``: copied by the preparing thread into a block of the page-locked region reserved
-  at start (``kernels.vllm.pinned_region``: no page-locking in the load), else as ``DEFERRED``;
+  at start (``kernels.vllm.pinned_region``: no page-locking in the load), else as ``EAGER``;
 - with ``DEFERRED``: after its first activation (``add_lora`` registers an adapter and copies it
   into a GPU slot at once), by a thread of this module, while the adapter already serves: the
   first copy into a slot reads pageable memory (the same values) and no longer runs beside the
-  page-locking, which slowed it several-fold (benchmarks/RESULTS.md); the page-locking runs
-  beside the engine's next steps instead.
+  page-locking, which slowed it several-fold; the page-locking runs beside the engine's next
+  steps instead, and stalls them (benchmarks/RESULTS.md: the slowest mode for a cold request and
+  for the streams beside it).
 
 Invariant: a tensor is replaced by its pinned copy, never changed in place, one attribute or list
 item at a time, so a copy into a slot made meanwhile reads either and gets the same values. The
@@ -38,7 +39,7 @@ logger = logging.getLogger("vllm.loraplex")
 Pinning = Literal["eager", "deferred", "pooled"]
 EAGER: Pinning = "eager"
 DEFERRED: Pinning = "deferred"
-POOLED: Pinning = "pooled"  # copied into the region reserved at start (kernels.vllm.pinned_region), else DEFERRED
+POOLED: Pinning = "pooled"  # copied into the region reserved at start (kernels.vllm.pinned_region), else EAGER
 MARK = "_loraplex_pinning"
 PREPARING, PINNING, PINNED = "preparing", "pinning", "pinned"
 

@@ -92,15 +92,16 @@ def test_reserve_makes_no_region_where_nothing_can_be_page_locked():
     pinned_region.forget()
     try:
         assert pinned_region.reserve(1 << 20, pin=False) == (0, pytest.approx(0, abs=1.0))
-        assert pinned_region.adopt(_model()) == 0  # prepared 'pooled' loads fall back to deferred
+        assert pinned_region.adopt(_model()) == 0  # prepared 'pooled' loads fall back to eager
     finally:
         pinned_region.forget()
 
 
 @pytest.mark.parametrize("room", [True, False])
-def test_a_pooled_preparation_copies_into_the_region_else_defers(monkeypatch, room):
-    """``lora_loads._prepare`` with ``pooled`` on a host that can page-lock (simulated): the
-    adapter ends in the region, marked pinned; with no room, it is left for deferred pinning."""
+def test_a_pooled_preparation_copies_into_the_region_else_pins_eagerly(monkeypatch, room):
+    """``lora_loads._prepare`` with ``pooled`` on a host that can page-lock (simulated: a
+    "pinning" that copies): the adapter ends in the region, marked pinned; with no room, the
+    preparing thread pins it itself before ``add_lora``, as ``eager`` does."""
     import types
 
     from kernels.vllm import lora_loads, lora_pinning
@@ -109,6 +110,8 @@ def test_a_pooled_preparation_copies_into_the_region_else_defers(monkeypatch, ro
     region = PinnedRegion(_bytes(model) if room else ALIGN, pin=False)
     monkeypatch.setattr(pinned_region, "_region", region)
     monkeypatch.setattr(lora_pinning, "_pin_available", True)
+    monkeypatch.setattr(lora_pinning, "_pin_tensor", lambda t: t.clone())
+    before = [t.data_ptr() for t in lora_tensors(model)]
     monkeypatch.setattr(lora_loads, "_original_load", lambda manager, request: model)
     manager = types.SimpleNamespace(_adapter_manager=types.SimpleNamespace(_create_merged_loras_inplace=lambda m: None))
     request = types.SimpleNamespace(lora_name="a", lora_int_id=5)
@@ -118,4 +121,5 @@ def test_a_pooled_preparation_copies_into_the_region_else_defers(monkeypatch, ro
     if room:
         assert all(inside) and getattr(model, lora_pinning.MARK) == lora_pinning.PINNED
     else:
-        assert not any(inside) and getattr(model, lora_pinning.MARK) == lora_pinning.DEFERRED
+        assert not any(inside) and getattr(model, lora_pinning.MARK) == lora_pinning.PINNED
+        assert not set(before) & {t.data_ptr() for t in lora_tensors(model)}  # every tensor replaced by its "pinned" copy
