@@ -4,7 +4,11 @@ Long greedy streams for adapters A (attention) and B (attention + experts) run w
 requests push eight more adapters through the slot tables (2 replicas x 4 slots for 10 adapters:
 ``add_lora`` and eviction while A and B are in flight); every token of A's and B's streams, and of
 every churn request, must equal the same request served alone (whose start equals transformers +
-PEFT, and whose every step won by a wide logit gap, so a mismatch is never rounding). Then an
+PEFT, and whose every step won by a wide logit gap, so a mismatch is never rounding). That is on
+the float32 CPU stack; on a GPU host the same file runs loraplex's CUDA path in bfloat16, where
+16-bit rounding alone changes greedy tokens of this model (``tests.helpers.greedy_margin``), and
+every stream and answer must instead read as its own adapter's decode and no other's
+(``TeacherForced.served_by``: transformers + PEFT in fp32, teacher-forced on the served tokens). Then an
 adapter is re-published as a new version mid-stream: the old stream finishes on the old weights,
 new requests get the new ones on the replica whose prefix cache holds the old version's blocks
 for the same prompt; and a version number reused with other bytes (the store wiped) gets the new
@@ -23,7 +27,7 @@ import pytest
 
 from tests.helpers import admin, hf_reference
 from tests.helpers.completions import Completion, StreamInChild, complete
-from tests.helpers.greedy_margin import GAP, hf_greedy, min_gap
+from tests.helpers.greedy_margin import EXACT_STACK, GAP, TeacherForced, hf_greedy, min_gap
 
 pytestmark = pytest.mark.e2e
 LONG = 1600  # tokens of the streams under churn (their prompts and these fit the stack's max_model_len)
@@ -71,6 +75,17 @@ def adapters(serve_stack, embedded_model_dir, tmp_path_factory):
         store.delete(adapter_id)
 
 
+@pytest.fixture(scope="module")
+def teacher(embedded_model_dir) -> TeacherForced:
+    return TeacherForced(embedded_model_dir)
+
+
+def _assert_served_by(teacher: TeacherForced, adapter_dir, prompt: str, tokens: list[int], others: dict,
+                      what: str) -> None:
+    why = teacher.served_by(adapter_dir, hf_reference.prompt_ids(teacher.model_dir, prompt), tokens, others)
+    assert why is None, f"{what}: {why}"
+
+
 def _first_diff(got: Completion, ref: Completion) -> int:
     return next((i for i, (a, b) in enumerate(zip(got.tokens, ref.tokens)) if a != b), min(len(got.tokens), len(ref.tokens)))
 
@@ -84,17 +99,22 @@ def _short(adapter_id: str, prompt: str) -> dict:
     return {"model": adapter_id, "prompt": prompt, "max_tokens": SHORT, "temperature": 0, "ignore_eos": True}
 
 
-def _reference(stack, model_dir, adapter_dir, body: dict, anchor: int = ANCHOR) -> Completion:
-    """The request served alone; its start equals transformers + PEFT and no step is a near tie."""
+def _reference(stack, teacher: TeacherForced, adapter_dir, body: dict, others: dict,
+               anchor: int = ANCHOR) -> Completion:
+    """The request served alone: its start equals transformers + PEFT and no step is a near tie
+    (float32); in 16 bits, it reads as its adapter's decode and none of ``others``'."""
     alone = complete(stack, stack.headers("acme"), {**body, "stream": False, "logprobs": 2})
     assert alone.status == 200, alone.error
-    ids = hf_reference.prompt_ids(model_dir, body["prompt"])
-    assert alone.tokens[:anchor] == hf_greedy(model_dir, adapter_dir, ids, anchor)
+    if not EXACT_STACK:
+        _assert_served_by(teacher, adapter_dir, body["prompt"], alone.tokens, others, "served alone")
+        return alone
+    ids = hf_reference.prompt_ids(teacher.model_dir, body["prompt"])
+    assert alone.tokens[:anchor] == hf_greedy(teacher.model_dir, adapter_dir, ids, anchor)
     assert min_gap(alone.top_logprobs) > GAP, "a near tie in the reference: pick another prompt or seed"
     return alone
 
 
-def test_streams_keep_their_adapter_while_others_churn_the_slots(serve_stack, embedded_model_dir, adapters,
+def test_streams_keep_their_adapter_while_others_churn_the_slots(serve_stack, embedded_model_dir, adapters, teacher,
                                                                  replica_probe, stack_invariants):
     headers = serve_stack.headers("acme")
     from tests.conftest import MAX_MODEL_LEN
@@ -102,7 +122,12 @@ def test_streams_keep_their_adapter_while_others_churn_the_slots(serve_stack, em
     lengths = [len(hf_reference.prompt_ids(embedded_model_dir, p)) for p in (PROMPT_A, PROMPT_B)]
     assert min(lengths) > 256 and max(lengths) + LONG <= MAX_MODEL_LEN, lengths
     streams = {"A": PROMPT_A, "B": PROMPT_B}
-    refs = {n: _reference(serve_stack, embedded_model_dir, adapters[n][1], _long(adapters[n][0], p))
+    folders = {n: folder for n, (_, folder) in adapters.items()} | {"base": None}
+
+    def others(n: str) -> dict:
+        return {o: folder for o, folder in folders.items() if o != n}
+
+    refs = {n: _reference(serve_stack, teacher, adapters[n][1], _long(adapters[n][0], p), others(n))
             for n, p in streams.items()}
     churn = [f"C{i}" for i in range(CHURN)]
     churn_refs = {n: complete(serve_stack, headers, _short(adapters[n][0], f"churn {n}")).tokens for n in churn}
@@ -138,9 +163,17 @@ def test_streams_keep_their_adapter_while_others_churn_the_slots(serve_stack, em
     for n in streams:
         got = results[n]
         assert got.status == 200 and got.done and got.error is None, got.error
-        assert got.tokens == refs[n].tokens, f"{n}'s stream left its reference at token {_first_diff(got, refs[n])}"
+        if EXACT_STACK:
+            assert got.tokens == refs[n].tokens, f"{n}'s stream left its reference at token {_first_diff(got, refs[n])}"
+        else:
+            _assert_served_by(teacher, adapters[n][1], streams[n], got.tokens, others(n), f"{n}'s stream")
     for name, c in churned:
-        assert c.status == 200 and c.tokens == churn_refs[name], (name, c.status, c.error)
+        assert c.status == 200, (name, c.status, c.error)
+        if EXACT_STACK:
+            assert c.tokens == churn_refs[name], (name, c.tokens, churn_refs[name])
+    if not EXACT_STACK:  # each distinct answer once
+        for name, tokens in {(name, tuple(c.tokens)) for name, c in churned}:
+            _assert_served_by(teacher, adapters[name][1], f"churn {name}", list(tokens), others(name), f"churn {name}")
     print(f"\nchurn: streams {[(n, len(results[n].tokens), results[n].replica) for n in streams]}, "
           f"{len(churned)} churn requests of {len({n for n, _ in churned})} adapters, by replica "
           f"{ {r: sum(c.replica == r for _, c in churned) for r in {c.replica for _, c in churned}} }")
@@ -178,7 +211,7 @@ def _until_model(stack, body: dict, model: str, timeout_s: float = 30) -> Comple
         time.sleep(0.3)
 
 
-def test_new_version_mid_stream_and_no_prefix_reuse_across_versions(serve_stack, embedded_model_dir, s3_server,
+def test_new_version_mid_stream_and_no_prefix_reuse_across_versions(serve_stack, embedded_model_dir, s3_server, teacher,
                                                                     tmp_path, replica_probe, stack_invariants):
     from adapters_registry.manifest import BaseModelInfo
     from adapters_registry.slots import engine_lora_name
@@ -193,7 +226,7 @@ def test_new_version_mid_stream_and_no_prefix_reuse_across_versions(serve_stack,
     ids = hf_reference.prompt_ids(embedded_model_dir, PROMPT_A)
     admin.push(serve_stack, aid, "acme", folders[1])
     body = _long(aid, PROMPT_A, tokens=VERSIONED)
-    ref1 = _reference(serve_stack, embedded_model_dir, folders[1], body)
+    ref1 = _reference(serve_stack, teacher, folders[1], body, {"v2": folders[2], "base": None})
     store = open_store(serve_stack.store_uri, serve_stack.s3_endpoint)  # ready before the stream starts
     base = BaseModelInfo.from_model_dir(embedded_model_dir)
     # every engine core stops at the v1 stream's first token and goes on once v2 is in the store
@@ -211,10 +244,17 @@ def test_new_version_mid_stream_and_no_prefix_reuse_across_versions(serve_stack,
     old = streamer.result(300)
     print(f"\nversions: v2 published {published:.1f} s into the v1 stream, which ended "
           f"{time.monotonic() - started:.1f} s in (the catalog and a v2 request in between)")
-    assert old.status == 200 and old.tokens == ref1.tokens, "the v1 stream must finish on v1's weights"
+    assert old.status == 200, old.error
+    if EXACT_STACK:
+        assert old.tokens == ref1.tokens, "the v1 stream must finish on v1's weights"
+    else:
+        _assert_served_by(teacher, folders[1], PROMPT_A, old.tokens, {"v2": folders[2], "base": None}, "the v1 stream")
     assert old.model.startswith(f"{aid}@v1.")
     assert v2.model == engine_lora_name(m2) and v2.replica == ref1.replica  # where v1's KV blocks are cached
-    assert v2.tokens == hf_greedy(embedded_model_dir, folders[2], ids, 2 * ANCHOR)
+    if EXACT_STACK:
+        assert v2.tokens == hf_greedy(embedded_model_dir, folders[2], ids, 2 * ANCHOR)
+    else:
+        _assert_served_by(teacher, folders[2], PROMPT_A, v2.tokens, {"v1": folders[1], "base": None}, "v2")
 
     # The store wiped and the adapter pushed again: version 1 once more, other bytes.
     _wipe(s3_server.client(), serve_stack.store_uri, aid)
@@ -222,7 +262,11 @@ def test_new_version_mid_stream_and_no_prefix_reuse_across_versions(serve_stack,
     assert m3.version == 1
     v3 = _until_model(serve_stack, anchor, engine_lora_name(m3))
     assert v3.model == engine_lora_name(m3) and v3.replica == ref1.replica
-    assert v3.tokens == hf_greedy(embedded_model_dir, folders[3], ids, 2 * ANCHOR)
+    if EXACT_STACK:
+        assert v3.tokens == hf_greedy(embedded_model_dir, folders[3], ids, 2 * ANCHOR)
+    else:
+        _assert_served_by(teacher, folders[3], PROMPT_A, v3.tokens,
+                          {"v1": folders[1], "v2": folders[2], "base": None}, "v3")
     store.delete(aid)
     assert stack_invariants() == []
 

@@ -1,0 +1,60 @@
+"""The churn test's 16-bit oracle (``TeacherForced.served_by``), calibrated on CPU: a bfloat16
+greedy decode by transformers + PEFT stands in for the CUDA stack's. It must read as its own
+adapter's decode and as no other's, including after a switch of weights mid-way; and bfloat16
+must really leave the fp32 decode early (else the exact check would do on CUDA too)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.e2e.test_reliability_churn import PROMPT_A
+from tests.helpers import hf_reference
+from tests.helpers.greedy_margin import WINDOW, TeacherForced, hf_greedy
+
+TOKENS = 3 * WINDOW
+
+
+def _bf16_greedy(model_dir, adapter_dir, ids: list[int], n: int) -> list[int]:
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    model = PeftModel.from_pretrained(model, str(adapter_dir)).eval().to(torch.bfloat16)
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                             pad_token_id=0, eos_token_id=None)
+    return out[0, len(ids):].tolist()
+
+
+@pytest.fixture(scope="module")
+def decodes(embedded_model_dir, tmp_path_factory):
+    from app.embedded.adapters import build_peft_adapter
+
+    root = tmp_path_factory.mktemp("oracle")
+    folders = {n: build_peft_adapter(embedded_model_dir, root / n, kind, 8, seed)
+               for n, kind, seed in (("A", "attention", 801), ("B", "experts", 802), ("C", "attention", 810))}
+    ids = hf_reference.prompt_ids(embedded_model_dir, PROMPT_A)
+    return folders, ids, {n: _bf16_greedy(embedded_model_dir, f, ids, TOKENS) for n, f in folders.items()}
+
+
+def test_a_bf16_decode_reads_as_its_own_adapters_and_no_others(embedded_model_dir, decodes):
+    folders, ids, bf16 = decodes
+    teacher = TeacherForced(embedded_model_dir)
+    fp32 = hf_greedy(embedded_model_dir, folders["A"], ids, TOKENS)
+    assert bf16["A"] != fp32, "bfloat16 kept fp32's greedy tokens: the exact check would hold on CUDA"
+    for n, tokens in bf16.items():
+        others = {o: f for o, f in folders.items() if o != n} | {"base": None}
+        assert teacher.served_by(folders[n], ids, tokens, others) is None, n
+        wrong = next(o for o in folders if o != n)
+        assert teacher.served_by(folders[wrong], ids, tokens, {n: folders[n]}) is not None, (n, wrong)
+
+
+def test_a_switch_of_weights_mid_stream_is_caught_in_its_window(embedded_model_dir, decodes):
+    """A's decode up to token 60, then C's weights continue it: the window holding the switch fails."""
+    folders, ids, bf16 = decodes
+    teacher = TeacherForced(embedded_model_dir)
+    head = bf16["A"][:60]
+    tail = _bf16_greedy(embedded_model_dir, folders["C"], ids + head, TOKENS - 60)
+    why = teacher.served_by(folders["A"], ids, head + tail, {"C": folders["C"], "base": None})
+    assert why is not None and why.startswith(f"tokens {WINDOW}..{2 * WINDOW - 1}"), why
