@@ -1,14 +1,15 @@
 """The churn test's 16-bit oracle (``TeacherForced.served_by``), calibrated on CPU: a bfloat16
-greedy decode by transformers + PEFT stands in for the CUDA stack's. It must read as its own
-adapter's decode and as no other's, including after a switch of weights mid-way; and bfloat16
-must really leave the fp32 decode early (else the exact check would do on CUDA too)."""
+greedy decode by transformers + PEFT stands in for the CUDA stack's. Each must read as its own
+adapter's decode and as no other's, the long streams and the churn requests' short answers alike,
+and a switch of weights mid-way must be caught; and bfloat16 must really leave the fp32 decode
+early (else the exact check would do on CUDA too)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from tests.e2e.test_reliability_churn import PROMPT_A
+from tests.e2e.test_reliability_churn import CHURN_PROMPTS, PROMPT_A, SHORT
 from tests.helpers import hf_reference
 from tests.helpers.greedy_margin import WINDOW, TeacherForced, hf_greedy
 
@@ -58,3 +59,18 @@ def test_a_switch_of_weights_mid_stream_is_caught_in_its_window(embedded_model_d
     tail = _bf16_greedy(embedded_model_dir, folders["C"], ids + head, TOKENS - 60)
     why = teacher.served_by(folders["A"], ids, head + tail, {"C": folders["C"], "base": None})
     assert why is not None and why.startswith(f"tokens {WINDOW}..{2 * WINDOW - 1}"), why
+
+
+def test_the_churn_requests_short_answers_read_as_their_adapters(embedded_model_dir, tmp_path):
+    """8 tokens after each churn prompt, decoded in bfloat16 with its adapter, against the other
+    nine adapters and the base model (the set the churn test checks them against)."""
+    from app.embedded.adapters import build_peft_adapter
+
+    specs = {"A": ("attention", 801), "B": ("experts", 802), **{n: ("attention", 810 + i) for i, n in enumerate(CHURN_PROMPTS)}}
+    folders = {n: build_peft_adapter(embedded_model_dir, tmp_path / n, kind, 8, seed) for n, (kind, seed) in specs.items()}
+    teacher = TeacherForced(embedded_model_dir)
+    for n, prompt in CHURN_PROMPTS.items():
+        ids = hf_reference.prompt_ids(embedded_model_dir, prompt)
+        tokens = _bf16_greedy(embedded_model_dir, folders[n], ids, SHORT)
+        others = {o: f for o, f in folders.items() if o != n} | {"base": None}
+        assert teacher.served_by(folders[n], ids, tokens, others) is None, n
