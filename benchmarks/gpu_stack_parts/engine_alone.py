@@ -23,7 +23,7 @@ import yaml
 from pydantic import BaseModel, Field
 
 from app.engine.shape_warmup import ShapeWarmupReport
-from benchmarks.gpu_stack_parts.models import PhaseResult, ShapeSweep
+from benchmarks.gpu_stack_parts.models import PhaseResult, ShapeSweep, wall_clock
 from benchmarks.gpu_stack_parts.routes import LOG_ENV
 from benchmarks.loadgen.spec import LoadResult, LoadSpec
 
@@ -82,10 +82,13 @@ async def run_job(job: EngineJob, out_path: Path) -> EngineOutput:
         if log := os.environ.get(LOG_ENV):  # the routing check counts the requests' forwards only
             Path(log).write_text("")
         for phase in job.phases:
+            warmup_at = wall_clock()
             warm = await target.run_load(phase.warmup) if phase.warmup else None
+            measured_at = wall_clock()
             result = await target.run_load(phase.measure)
             out.phases.append(PhaseResult(name=phase.name, warmup_requests=warm.aggregate.requests if warm else 0,
-                                          warmup_failures=warm.aggregate.failures if warm else 0, result=result))
+                                          warmup_failures=warm.aggregate.failures if warm else 0, result=result,
+                                          warmup_at=warmup_at, measured_at=measured_at, ended_at=wall_clock()))
             out_path.write_text(out.model_dump_json())  # a phase at a time: a killed run keeps its phases
     finally:
         engine.shutdown()

@@ -3,6 +3,7 @@ extra measurements, and the report a run writes."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from pydantic import BaseModel, Field, computed_field
@@ -17,6 +18,15 @@ class PhaseResult(BaseModel):
     warmup_requests: int = Field(description="Uncounted warm-up requests sent before the phase.")
     warmup_failures: int = Field(description="Warm-up requests that failed.")
     result: LoadResult = Field(description="The measured phase.")
+    warmup_at: str | None = Field(None, description="Host wall-clock time the warm-up began (to read server logs by).")
+    measured_at: str | None = Field(None, description="Host wall-clock time the measured requests began.")
+    ended_at: str | None = Field(None, description="Host wall-clock time the measured requests ended.")
+
+
+def wall_clock() -> str:
+    """This host's wall-clock time, to the millisecond, as the servers' logs print it."""
+    now = time.time()
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1000):03d}"
 
 
 class ShapeSweep(BaseModel):

@@ -34,6 +34,7 @@ from benchmarks.gpu_stack_parts.models import (
     PushRecord,
     ShapeSweep,
     SystemRun,
+    wall_clock,
 )
 from benchmarks.gpu_stack_parts.plan import (
     COLD_PREFIX,
@@ -116,14 +117,18 @@ def _log_phase(system: str, p: PhaseResult) -> None:
         return f"{x.p50:.1f}" if x else "-"
 
     print(f"{system} {p.name}: {a.requests - a.failures}/{a.requests} ok, TTFT p50 {ms(a.ttft_ms)} ms, "
-          f"TPOT p50 {ms(a.tpot_ms)} ms, {a.tokens_per_s_per_request or 0:.1f} tok/s per request", flush=True)
+          f"TPOT p50 {ms(a.tpot_ms)} ms, {a.tokens_per_s_per_request or 0:.1f} tok/s per request "
+          f"(warm-up {p.warmup_at or '-'}, measured {p.measured_at or '-'} to {p.ended_at or '-'})", flush=True)
 
 
 def http_phase(ctx: Context, phase: PhaseSpec, target: TargetSpec) -> PhaseResult:
     warm_spec, spec = load_specs(ctx, phase, target)
+    warmup_at = wall_clock()
     warm = run(warm_spec)
-    return PhaseResult(name=phase.name, warmup_requests=warm.aggregate.requests,
-                       warmup_failures=warm.aggregate.failures, result=run(spec))
+    measured_at = wall_clock()
+    result = run(spec)
+    return PhaseResult(name=phase.name, warmup_requests=warm.aggregate.requests, warmup_failures=warm.aggregate.failures,
+                       result=result, warmup_at=warmup_at, measured_at=measured_at, ended_at=wall_clock())
 
 
 def sweep_limit(ctx: Context) -> int | None:

@@ -5,6 +5,8 @@ within its end-to-end time)."""
 
 from __future__ import annotations
 
+import time
+
 from pathlib import Path
 
 import pytest
@@ -160,6 +162,8 @@ def test_engine_alone_target_measures_every_request(loraplex_home, embedded_mode
     assert sweep.token_counts == token_counts(255) and sweep.failures == 0 and min(sweep.seconds) > 0, sweep
     (phase,) = out.phases
     assert phase.warmup_requests == 4 and phase.warmup_failures == 0
+    assert phase.warmup_at <= phase.measured_at <= phase.ended_at  # wall-clock strings, to read server logs by
+    assert phase.ended_at[:4] == time.strftime("%Y") and len(phase.ended_at) == len("2026-01-01 00:00:00.000")
     r = phase.result
     assert r.system == "engine-alone" and r.warmup_requests == 2 and r.warmup_failures == 0
     assert [x.adapter for x in r.records] == [None, adapter, None, adapter]
