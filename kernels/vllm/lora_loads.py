@@ -77,8 +77,8 @@ def install(patches: Patches) -> None:
 
 def prepare(manager: Any, lora_request: Any, threads: int, pinning: lora_pinning.Pinning = lora_pinning.EAGER) -> bool:
     """Starts preparing ``lora_request`` for ``manager`` (the worker's ``WorkerLoRAManager``), its
-    host copy pinned before ``add_lora`` (``EAGER``), copied into the pinned region (``POOLED``) or
-    pinned after its first activation (``DEFERRED``; ``POOLED`` where the region has no room);
+    host copy pinned before ``add_lora`` (``EAGER``; ``POOLED`` where the region has no room),
+    copied into the pinned region (``POOLED``) or pinned after its first activation (``DEFERRED``);
     False when it is registered or being prepared already."""
     global _pool
     if _original_load is None:
