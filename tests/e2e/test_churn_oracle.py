@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.e2e.test_reliability_churn import CHURN_PROMPTS, PROMPT_A, SHORT
+from tests.e2e.test_reliability_churn import ADAPTER_SPECS, CHURN_PROMPTS, PROMPT_A, SHORT
 from tests.helpers import hf_reference
 from tests.helpers.greedy_margin import WINDOW, TeacherForced, hf_greedy
 
@@ -17,26 +17,24 @@ TOKENS = 3 * WINDOW
 
 
 def _bf16_greedy(model_dir, adapter_dir, ids: list[int], n: int) -> list[int]:
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-    model = PeftModel.from_pretrained(model, str(adapter_dir)).eval().to(torch.bfloat16)
-    with torch.no_grad():
-        out = model.generate(torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                             pad_token_id=0, eos_token_id=None)
-    return out[0, len(ids):].tolist()
+    return hf_greedy(model_dir, adapter_dir, ids, n, dtype=torch.bfloat16)
 
 
 @pytest.fixture(scope="module")
-def decodes(embedded_model_dir, tmp_path_factory):
+def folders(embedded_model_dir, tmp_path_factory) -> dict:
+    """The churn test's adapters, built from its specs: {name: folder}."""
     from app.embedded.adapters import build_peft_adapter
 
     root = tmp_path_factory.mktemp("oracle")
-    folders = {n: build_peft_adapter(embedded_model_dir, root / n, kind, 8, seed)
-               for n, kind, seed in (("A", "attention", 801), ("B", "experts", 802), ("C", "attention", 810))}
+    return {n: build_peft_adapter(embedded_model_dir, root / n, kind, 8, seed) for n, (kind, seed) in ADAPTER_SPECS.items()}
+
+
+@pytest.fixture(scope="module")
+def decodes(embedded_model_dir, folders):
+    """bfloat16 decodes of A's prompt by A, B and C0, with the folders of those three."""
+    three = {n: folders[n] for n in ("A", "B", "C0")}
     ids = hf_reference.prompt_ids(embedded_model_dir, PROMPT_A)
-    return folders, ids, {n: _bf16_greedy(embedded_model_dir, f, ids, TOKENS) for n, f in folders.items()}
+    return three, ids, {n: _bf16_greedy(embedded_model_dir, f, ids, TOKENS) for n, f in three.items()}
 
 
 def test_a_bf16_decode_reads_as_its_own_adapters_and_no_others(embedded_model_dir, decodes):
@@ -52,22 +50,18 @@ def test_a_bf16_decode_reads_as_its_own_adapters_and_no_others(embedded_model_di
 
 
 def test_a_switch_of_weights_mid_stream_is_caught_in_its_window(embedded_model_dir, decodes):
-    """A's decode up to token 60, then C's weights continue it: the window holding the switch fails."""
+    """A's decode up to token 60, then C0's weights continue it: the window holding the switch fails."""
     folders, ids, bf16 = decodes
     teacher = TeacherForced(embedded_model_dir)
     head = bf16["A"][:60]
-    tail = _bf16_greedy(embedded_model_dir, folders["C"], ids + head, TOKENS - 60)
-    why = teacher.served_by(folders["A"], ids, head + tail, {"C": folders["C"], "base": None})
+    tail = _bf16_greedy(embedded_model_dir, folders["C0"], ids + head, TOKENS - 60)
+    why = teacher.served_by(folders["A"], ids, head + tail, {"C0": folders["C0"], "base": None})
     assert why is not None and why.startswith(f"tokens {WINDOW}..{2 * WINDOW - 1}"), why
 
 
-def test_the_churn_requests_short_answers_read_as_their_adapters(embedded_model_dir, tmp_path):
+def test_the_churn_requests_short_answers_read_as_their_adapters(embedded_model_dir, folders):
     """8 tokens after each churn prompt, decoded in bfloat16 with its adapter, against the other
     nine adapters and the base model (the set the churn test checks them against)."""
-    from app.embedded.adapters import build_peft_adapter
-
-    specs = {"A": ("attention", 801), "B": ("experts", 802), **{n: ("attention", 810 + i) for i, n in enumerate(CHURN_PROMPTS)}}
-    folders = {n: build_peft_adapter(embedded_model_dir, tmp_path / n, kind, 8, seed) for n, (kind, seed) in specs.items()}
     teacher = TeacherForced(embedded_model_dir)
     for n, prompt in CHURN_PROMPTS.items():
         ids = hf_reference.prompt_ids(embedded_model_dir, prompt)

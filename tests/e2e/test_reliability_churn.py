@@ -50,6 +50,8 @@ CHURNERS = CHURN  # concurrent churn clients
 # ~60 tokens each: in 16 bits the check needs context (after a prompt of a few tokens this model's
 # decode on CUDA was explained by no adapter's fp32 argmax: 2 of 6 tokens)
 CHURN_PROMPTS = {f"C{i}": _prompt(100 + i, words=20) for i in range(CHURN)}
+ADAPTER_SPECS = {"A": ("attention", 801), "B": ("experts", 802), **{n: ("attention", 810 + i) for i, n in enumerate(CHURN_PROMPTS)}}
+"""name -> (kind, seed) of the streams' adapters A and B and the churn adapters C0..C7."""
 
 
 def _build(embedded_model_dir, root, name: str, kind: str, seed: int):
@@ -66,11 +68,10 @@ def adapters(serve_stack, embedded_model_dir, tmp_path_factory):
 
     root = tmp_path_factory.mktemp("churn")
     tag = uuid.uuid4().hex[:6]
-    specs = {"A": ("attention", 801), "B": ("experts", 802), **{f"C{i}": ("attention", 810 + i) for i in range(CHURN)}}
     store = open_store(serve_stack.store_uri, serve_stack.s3_endpoint)
     base = BaseModelInfo.from_model_dir(embedded_model_dir)
     out = {}
-    for name, (kind, seed) in specs.items():
+    for name, (kind, seed) in ADAPTER_SPECS.items():
         folder = _build(embedded_model_dir, root, name, kind, seed)
         out[name] = (store.publish(folder, f"churn-{name.lower()}-{tag}", "acme", base).adapter_id, folder)
     yield out

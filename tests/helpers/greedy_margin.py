@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from tests.helpers import hf_reference
+
 GAP = 1e-4  # far above fp32 reordering noise on this model's logits (~1e-6)
 
 
@@ -25,16 +27,11 @@ def min_gap(top_logprobs: list[dict[str, float]]) -> float:
                for step in top_logprobs)
 
 
-def hf_greedy(model_dir: Path, adapter_dir: Path | None, ids: list[int], max_new_tokens: int) -> list[int]:
-    """Greedy fp32 continuation that ignores EOS (as ``ignore_eos`` requests do)."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-    if adapter_dir is not None:
-        from peft import PeftModel
-
-        model = PeftModel.from_pretrained(model, str(adapter_dir))
-    model.eval()
+def hf_greedy(model_dir: Path, adapter_dir: Path | None, ids: list[int], max_new_tokens: int,
+              dtype: torch.dtype = torch.float32) -> list[int]:
+    """Greedy continuation that ignores EOS (as ``ignore_eos`` requests do), computed in ``dtype``
+    (the model and adapter loaded in fp32, then cast)."""
+    model = hf_reference.load_model(model_dir, adapter_dir).to(dtype)
     with torch.no_grad():
         out = model.generate(torch.tensor([ids]), max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
                              do_sample=False, pad_token_id=0, eos_token_id=None)
@@ -61,14 +58,7 @@ class TeacherForced:
 
     def _model(self, adapter_dir: Path | None) -> torch.nn.Module:
         if adapter_dir not in self._models:
-            from transformers import AutoModelForCausalLM
-
-            model = AutoModelForCausalLM.from_pretrained(str(self.model_dir), dtype=torch.float32)
-            if adapter_dir is not None:
-                from peft import PeftModel
-
-                model = PeftModel.from_pretrained(model, str(adapter_dir))
-            self._models[adapter_dir] = model.eval()
+            self._models[adapter_dir] = hf_reference.load_model(self.model_dir, adapter_dir)
         return self._models[adapter_dir]
 
     def argmax_hits(self, adapter_dir: Path | None, ids: list[int], tokens: list[int]) -> list[bool]:

@@ -25,8 +25,8 @@ def prompt_ids(model_dir: Path, text: str) -> list[int]:
     return tokenizer(str(model_dir))(text, add_special_tokens=False).input_ids
 
 
-def greedy(model_dir: Path, adapter_dir: Path | None, ids: list[int], max_new_tokens: int) -> list[int]:
-    """Greedy continuation token ids (fp32), stopping at EOS like vLLM does."""
+def load_model(model_dir: Path, adapter_dir: Path | None) -> torch.nn.Module:
+    """The base model in fp32 with the PEFT adapter of ``adapter_dir`` on it (None: none), in eval mode."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
@@ -34,7 +34,12 @@ def greedy(model_dir: Path, adapter_dir: Path | None, ids: list[int], max_new_to
         from peft import PeftModel
 
         model = PeftModel.from_pretrained(model, str(adapter_dir))
-    model.eval()
+    return model.eval()
+
+
+def greedy(model_dir: Path, adapter_dir: Path | None, ids: list[int], max_new_tokens: int) -> list[int]:
+    """Greedy continuation token ids (fp32), stopping at EOS like vLLM does."""
+    model = load_model(model_dir, adapter_dir)
     with torch.no_grad():
         out = model.generate(
             torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False,
