@@ -11,8 +11,9 @@ import asyncio
 import pytest
 
 from tests.helpers import hf_reference as ref
+from tests.helpers.vllm_gpu import vllm_cpu_only
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, vllm_cpu_only]
 
 
 @pytest.fixture(scope="module")

@@ -111,7 +111,7 @@ def test_a_pooled_preparation_copies_into_the_region_else_pins_eagerly(monkeypat
     monkeypatch.setattr(pinned_region, "_region", region)
     monkeypatch.setattr(lora_pinning, "_pin_available", True)
     monkeypatch.setattr(lora_pinning, "_pin_tensor", lambda t: t.clone())
-    before = [t.data_ptr() for t in lora_tensors(model)]
+    before = lora_tensors(model)  # held, so that no copy can be allocated where an original was
     monkeypatch.setattr(lora_loads, "_original_load", lambda manager, request: model)
     manager = types.SimpleNamespace(_adapter_manager=types.SimpleNamespace(_create_merged_loras_inplace=lambda m: None))
     request = types.SimpleNamespace(lora_name="a", lora_int_id=5)
@@ -122,4 +122,5 @@ def test_a_pooled_preparation_copies_into_the_region_else_pins_eagerly(monkeypat
         assert all(inside) and getattr(model, lora_pinning.MARK) == lora_pinning.PINNED
     else:
         assert not any(inside) and getattr(model, lora_pinning.MARK) == lora_pinning.PINNED
-        assert not set(before) & {t.data_ptr() for t in lora_tensors(model)}  # every tensor replaced by its "pinned" copy
+        # every tensor replaced by its "pinned" copy
+        assert not {t.data_ptr() for t in before} & {t.data_ptr() for t in lora_tensors(model)}

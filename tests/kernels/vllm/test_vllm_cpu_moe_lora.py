@@ -19,6 +19,9 @@ from tests.helpers.expert_lora import (
     merged_model,
     write_per_expert_adapter,
 )
+from tests.helpers.vllm_gpu import vllm_cpu_only
+
+pytestmark = vllm_cpu_only
 
 PROMPTS = ["Hello world, please write the answer", "The expert adapter will route 42 tokens"]
 MAX_NEW_TOKENS = 12
