@@ -109,6 +109,7 @@ def chart_schema(app_defs: dict[str, Any]) -> dict[str, Any]:
             "serve": closed({
                 "proxyLocation": {"enum": ["EveryNode", "HeadOnly", "Disabled"]},
                 "proxy": {"enum": ["haproxy", "python"]},  # Serve's data path (as `loraplex serve --proxy`)
+                "haproxyBufsize": {"type": "integer", "minimum": 16384},  # HAProxy's tune.bufsize
                 "port": {"type": "integer", "minimum": 1, "maximum": 65535},
                 "runtimeEnvVars": STR_MAP,
                 "deployments": {"type": "array", "items": {"type": "object", "required": ["name"],

@@ -32,7 +32,7 @@ import httpx
 import yaml
 
 from app.cli import serve_driver
-from app.cli.serve_config_check import config_problems
+from app.cli.serve_config_check import config_problems, largest_header_bytes
 from app.cli.serve_env import PROXIES, Proxy, serve_env
 
 DEFAULT_CONFIG = "deploy/config.yaml"
@@ -146,7 +146,8 @@ def run(config: str, proxy: Proxy = "haproxy") -> int:
         print(f"config file not found: {config}", file=sys.stderr)
         return 2
     try:
-        problems = config_problems(yaml.safe_load(config_path.read_text()) or {})
+        cfg = yaml.safe_load(config_path.read_text()) or {}
+        problems = config_problems(cfg)
     except yaml.YAMLError as exc:
         problems = [f"not YAML: {exc}"]
     if problems:
@@ -155,7 +156,7 @@ def run(config: str, proxy: Proxy = "haproxy") -> int:
         return 2
     if not is_initialized():
         init()
-    env, run_dir = serve_env(dict(os.environ), proxy)
+    env, run_dir = serve_env(dict(os.environ), proxy, largest_header_bytes(cfg))
     shm_before = set(SHM.iterdir()) if SHM.is_dir() else set()
     supervisor = Supervisor(serve_driver.command(str(config_path)), env)
     host, port = http_address(config_path)

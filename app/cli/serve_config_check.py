@@ -4,7 +4,8 @@ nothing, while ``serve run`` keeps running; these mistakes end the command at on
 
 Checked for every application of ``app.main:build_app``: its ``args`` validate against
 ``AppConfig`` (strict), and its per-deployment ``deployments:`` overrides name deployments that
-the chosen topology makes (``app.config.DEPLOYMENTS``).
+the chosen topology makes (``app.config.DEPLOYMENTS``). ``largest_header_bytes`` reads the
+header limit the data path in front of the gateways must let through.
 """
 
 from __future__ import annotations
@@ -42,3 +43,11 @@ def config_problems(cfg: dict[str, Any]) -> list[str]:
                 f"{args.topology!r} does not deploy (it deploys {', '.join(map(repr, names))}); put these options "
                 "under args.engine_deployment or args.gateway_deployment, which follow the topology")
     return problems
+
+
+def largest_header_bytes(cfg: dict[str, Any]) -> int:
+    """The largest ``max_header_bytes`` of the config's loraplex applications (``AppConfig``'s
+    default where none sets it); the config must have passed :func:`config_problems`."""
+    apps = [a for a in cfg.get("applications") or [] if a.get("import_path") == IMPORT_PATH]
+    return max((AppConfig.model_validate(a.get("args") or {}).max_header_bytes for a in apps),
+               default=AppConfig.model_fields["max_header_bytes"].default)

@@ -12,7 +12,10 @@ tenant or adapter), and so do the ports of the fallback proxy that
 HAProxy sends requests to while no ingress replica is ready (Serve's fixed 8500/9500: a second
 stack on the machine, still starting, would hand its requests to the first stack's application).
 The draining period Serve keeps a stopping ingress replica for an external load balancer is
-short (HAProxy is Serve's own).
+short (HAProxy is Serve's own). HAProxy's buffer (``tune.bufsize``, Serve's default 16 KiB)
+holds the request line and headers: it is sized above the gateways' ``max_header_bytes`` so that
+headers the gateway allows reach it, and those just above its limit get its JSON 431 (HAProxy 2.8
+answers requests whose headers overflow its buffer with its own HTML 400 and no error file).
 ``python``: Serve's defaults (the Python proxy, Ray's own RPC between replicas). Variables
 already set in the environment win over both.
 """
@@ -28,11 +31,20 @@ from app.cli.free_ports import free_ports
 Proxy = Literal["haproxy", "python"]
 PROXIES: tuple[Proxy, ...] = ("haproxy", "python")
 DRAINING_PERIOD_S = "5"
+HEADER_HEADROOM = 16 * 2**10
+"""Buffer bytes above the gateways' header limit: the request line, HAProxy's rewrite reserve
+(``tune.maxrewrite``, 1 KiB), line ends, and headers just over the limit."""
 
 
-def serve_env(env: dict[str, str], proxy: Proxy) -> tuple[dict[str, str], Path | None]:
+def haproxy_bufsize(max_header_bytes: int) -> int:
+    """HAProxy's ``tune.bufsize`` for gateways that allow ``max_header_bytes`` of headers."""
+    return max_header_bytes + HEADER_HEADROOM
+
+
+def serve_env(env: dict[str, str], proxy: Proxy, max_header_bytes: int) -> tuple[dict[str, str], Path | None]:
     """``env`` with the data-path variables of ``proxy`` added where not already set, and the
-    run folder made for HAProxy's files (the caller removes it; None when none was made)."""
+    run folder made for HAProxy's files (the caller removes it; None when none was made).
+    ``max_header_bytes``: the largest header limit of the config's gateways."""
     out = dict(env)
     run_dir = None
     out.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # single node: Ray binds loopback
@@ -47,4 +59,5 @@ def serve_env(env: dict[str, str], proxy: Proxy) -> tuple[dict[str, str], Path |
                                "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT", "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT"), ports):
             out.setdefault(name, str(port))
         out.setdefault("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", DRAINING_PERIOD_S)
+        out.setdefault("RAY_SERVE_HAPROXY_TUNE_BUFSIZE", str(haproxy_bufsize(max_header_bytes)))
     return out, run_dir

@@ -13,6 +13,8 @@ import helm_python as helm
 import pytest
 import yaml
 
+from app.cli.serve_env import haproxy_bufsize
+from app.config import AppConfig
 from tests.helpers.k8s_objects import (
     object_problems,
     openapi_to_jsonschema,
@@ -149,9 +151,11 @@ def test_serve_proxy_mode_sets_the_data_path_env_on_every_ray_node(proxy):
         (container,) = template["spec"]["containers"]
         env = {e["name"]: e.get("value") for e in container["env"]}
         if proxy == "python":
-            assert "RAY_SERVE_ENABLE_HA_PROXY" not in env and "RAY_SERVE_THROUGHPUT_OPTIMIZED" not in env
+            assert not {"RAY_SERVE_ENABLE_HA_PROXY", "RAY_SERVE_THROUGHPUT_OPTIMIZED", "RAY_SERVE_HAPROXY_TUNE_BUFSIZE"} & env.keys()
         else:
             assert env["RAY_SERVE_ENABLE_HA_PROXY"] == "1" and env["RAY_SERVE_THROUGHPUT_OPTIMIZED"] == "1"
+            # HAProxy's buffer holds the gateway's default header limit, as `loraplex serve` sizes it
+            assert env["RAY_SERVE_HAPROXY_TUNE_BUFSIZE"] == str(haproxy_bufsize(AppConfig.model_fields["max_header_bytes"].default))
 
 
 def test_h200_production_values_render_what_production_needs():

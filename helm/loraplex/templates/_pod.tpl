@@ -64,6 +64,7 @@ spec:
         {{- if eq (default "haproxy" $root.Values.serve.proxy) "haproxy" }}
         - {name: RAY_SERVE_ENABLE_HA_PROXY, value: "1"}
         - {name: RAY_SERVE_THROUGHPUT_OPTIMIZED, value: "1"}
+        - {name: RAY_SERVE_HAPROXY_TUNE_BUFSIZE, value: {{ $root.Values.serve.haproxyBufsize | int | quote }}}
         {{- end }}
         {{- if $root.Values.model.offline }}
         - {name: HF_HUB_OFFLINE, value: "1"}
