@@ -48,9 +48,11 @@ if [ "$WHAT" != bench ]; then
              tests/kernels/test_kept_matmul_ogs.py tests/kernels/test_mxfp4_routing.py
              tests/kernels/vllm/test_vllm_cuda.py tests/kernels/vllm/test_vllm_cuda_live.py
              tests/kernels/vllm/test_vllm_cuda_mapping.py tests/kernels/vllm/test_vllm_cuda_mxfp4.py
-             tests/kernels/vllm/test_vllm_cuda_mxfp4_apply.py)
+             tests/kernels/vllm/test_vllm_cuda_mxfp4_apply.py tests/kernels/vllm/test_lora_pinning.py
+             tests/kernels/vllm/test_pinned_region.py tests/benchmarks/test_host_pinning.py)
   t0=$(date +%s)
-  python3 -m pytest -q -rs -p no:cacheprovider "${GPU_TESTS[@]}" 2>&1 | tee "$OUT/gpu_tests.log" | tail -15
+  # -v: every test's name and outcome in the log as it ends, so a run stopped by a time limit still names them
+  python3 -m pytest -v -rs -p no:cacheprovider "${GPU_TESTS[@]}" 2>&1 | tee "$OUT/gpu_tests.log" | tail -15
   status=${PIPESTATUS[0]}
   echo "GPU tests: exit $status in $(( $(date +%s) - t0 )) s" | tee -a "$OUT/gpu_tests.log"
 fi
