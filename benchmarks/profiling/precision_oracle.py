@@ -20,10 +20,9 @@ from pathlib import Path
 
 import torch
 
-from app.embedded.adapters import build_peft_adapter
 from app.embedded.setup import model_dir
 from app.config import loraplex_home
-from tests.e2e.test_reliability_churn import ADAPTER_SPECS, CHURN_PROMPTS, PROMPT_A, PROMPT_B, SHORT
+from tests.e2e.test_reliability_churn import CHURN_PROMPTS, PROMPT_A, PROMPT_B, SHORT, build_churn_adapters
 from tests.helpers import hf_reference
 from tests.helpers.greedy_margin import TeacherForced, hf_greedy
 
@@ -31,21 +30,17 @@ STREAMS = {"A": PROMPT_A, "B": PROMPT_B}
 SCORED = ("A", "B", "C0", "C1", "base")  # whose argmax a stream's tokens are scored against
 
 
-def _logits(model: torch.nn.Module, ids: list[int], tokens: list[int]) -> torch.Tensor:
-    with torch.no_grad():
-        return model(torch.tensor([ids + tokens])).logits[0, len(ids) - 1:-1].float()
-
-
 def rounding_rows(base: Path, folders: dict[str, Path], n: int) -> list[str]:
     rows = []
     for name, prompt in STREAMS.items():
         ids = hf_reference.prompt_ids(base, prompt)
         fp32 = hf_greedy(base, folders[name], ids, n)
-        ref = _logits(hf_reference.load_model(base, folders[name]), ids, fp32)
+        ref = hf_reference.teacher_forced_logits(hf_reference.load_model(base, folders[name]), ids, fp32)
         for dtype in (torch.bfloat16, torch.float16):
             half = hf_greedy(base, folders[name], ids, n, dtype=dtype)
             first = next((i for i, (a, b) in enumerate(zip(half, fp32)) if a != b), None)
-            lg = _logits(hf_reference.load_model(base, folders[name]).to(dtype), ids, fp32)
+            half_model = hf_reference.load_model(base, folders[name]).to(dtype)
+            lg = hf_reference.teacher_forced_logits(half_model, ids, fp32).float()
             diff = (lg - ref).abs().max(-1).values
             flips = int((lg.argmax(-1) != ref.argmax(-1)).sum())
             rows.append(f"| {name} | {str(dtype).removeprefix('torch.')} | {first if first is not None else 'none'} | "
@@ -53,8 +48,7 @@ def rounding_rows(base: Path, folders: dict[str, Path], n: int) -> list[str]:
     return rows
 
 
-def oracle_rows(base: Path, folders: dict[str, Path | None], n: int, window: int) -> list[str]:
-    teacher = TeacherForced(base)
+def oracle_rows(base: Path, teacher: TeacherForced, folders: dict[str, Path | None], n: int, window: int) -> list[str]:
     rows = []
     for name, prompt in STREAMS.items():
         ids = hf_reference.prompt_ids(base, prompt)
@@ -66,8 +60,7 @@ def oracle_rows(base: Path, folders: dict[str, Path | None], n: int, window: int
     return rows
 
 
-def churn_rows(base: Path, folders: dict[str, Path | None]) -> list[str]:
-    teacher = TeacherForced(base)
+def churn_rows(base: Path, teacher: TeacherForced, folders: dict[str, Path | None]) -> list[str]:
     rows = []
     for name, prompt in CHURN_PROMPTS.items():
         ids = hf_reference.prompt_ids(base, prompt)
@@ -87,8 +80,8 @@ def main(argv: list[str] | None = None) -> None:
     base = model_dir(loraplex_home())
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as tmp:
-        folders: dict[str, Path | None] = {n: build_peft_adapter(base, Path(tmp) / n, kind, 8, seed)
-                                           for n, (kind, seed) in ADAPTER_SPECS.items()}
+        folders: dict[str, Path | None] = build_churn_adapters(base, Path(tmp))
+        teacher = TeacherForced(base)  # its fp32 models, one per adapter, serve both tables below
         print(f"16-bit against fp32, {args.tokens} greedy tokens (logit differences teacher-forced on the fp32 tokens)")
         print("| adapter | dtype | first token off fp32 | max abs logit diff p50 | max | argmax changed |")
         print("|---|---|---|---|---|---|")
@@ -97,11 +90,11 @@ def main(argv: list[str] | None = None) -> None:
         print(f"\nbfloat16 decode scored by fp32 argmax (share of tokens; per {args.window}-token window)")
         print("| stream | scored by | all | windows |")
         print("|---|---|---|---|")
-        print("\n".join(oracle_rows(base, folders, args.tokens, args.window)))
+        print("\n".join(oracle_rows(base, teacher, folders, args.tokens, args.window)))
         print(f"\nchurn answers in bfloat16 ({SHORT} tokens), own adapter's argmax hits against the best other's")
         print("| adapter | prompt tokens | own | best other |")
         print("|---|---|---|---|")
-        print("\n".join(churn_rows(base, folders)))
+        print("\n".join(churn_rows(base, teacher, folders)))
 
 
 if __name__ == "__main__":

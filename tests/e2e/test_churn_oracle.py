@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.e2e.test_reliability_churn import ADAPTER_SPECS, CHURN_PROMPTS, PROMPT_A, SHORT
+from tests.e2e.test_reliability_churn import CHURN_PROMPTS, PROMPT_A, SHORT, build_churn_adapters
 from tests.helpers import hf_reference
 from tests.helpers.greedy_margin import WINDOW, TeacherForced, hf_greedy
 
@@ -22,11 +22,8 @@ def _bf16_greedy(model_dir, adapter_dir, ids: list[int], n: int) -> list[int]:
 
 @pytest.fixture(scope="module")
 def folders(embedded_model_dir, tmp_path_factory) -> dict:
-    """The churn test's adapters, built from its specs: {name: folder}."""
-    from app.embedded.adapters import build_peft_adapter
-
-    root = tmp_path_factory.mktemp("oracle")
-    return {n: build_peft_adapter(embedded_model_dir, root / n, kind, 8, seed) for n, (kind, seed) in ADAPTER_SPECS.items()}
+    """The churn test's adapters: {name: folder}."""
+    return build_churn_adapters(embedded_model_dir, tmp_path_factory.mktemp("oracle"))
 
 
 @pytest.fixture(scope="module")

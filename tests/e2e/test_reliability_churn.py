@@ -60,6 +60,11 @@ def _build(embedded_model_dir, root, name: str, kind: str, seed: int):
     return build_peft_adapter(embedded_model_dir, root / name, kind, 8, seed)
 
 
+def build_churn_adapters(embedded_model_dir, root) -> dict:
+    """Every adapter of ``ADAPTER_SPECS`` built under ``root``: {name: folder}."""
+    return {name: _build(embedded_model_dir, root, name, kind, seed) for name, (kind, seed) in ADAPTER_SPECS.items()}
+
+
 @pytest.fixture(scope="module")
 def adapters(serve_stack, embedded_model_dir, tmp_path_factory):
     """A, B and the churn adapters published to the stack's store: {name: (adapter id, folder)}."""
@@ -71,8 +76,7 @@ def adapters(serve_stack, embedded_model_dir, tmp_path_factory):
     store = open_store(serve_stack.store_uri, serve_stack.s3_endpoint)
     base = BaseModelInfo.from_model_dir(embedded_model_dir)
     out = {}
-    for name, (kind, seed) in ADAPTER_SPECS.items():
-        folder = _build(embedded_model_dir, root, name, kind, seed)
+    for name, folder in build_churn_adapters(embedded_model_dir, root).items():
         out[name] = (store.publish(folder, f"churn-{name.lower()}-{tag}", "acme", base).adapter_id, folder)
     yield out
     for adapter_id, _ in out.values():

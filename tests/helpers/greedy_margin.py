@@ -64,8 +64,7 @@ class TeacherForced:
     def argmax_hits(self, adapter_dir: Path | None, ids: list[int], tokens: list[int]) -> list[bool]:
         """For each of ``tokens`` (a continuation of ``ids``): whether it is the fp32 argmax of the
         adapter's next-token logits given the prompt and the tokens before it (one forward pass)."""
-        with torch.no_grad():
-            logits = self._model(adapter_dir)(torch.tensor([ids + tokens])).logits[0, len(ids) - 1:-1]
+        logits = hf_reference.teacher_forced_logits(self._model(adapter_dir), ids, tokens)
         return (logits.argmax(-1) == torch.tensor(tokens)).tolist()
 
     def served_by(self, adapter_dir: Path | None, ids: list[int], tokens: list[int],

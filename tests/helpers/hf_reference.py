@@ -37,6 +37,13 @@ def load_model(model_dir: Path, adapter_dir: Path | None) -> torch.nn.Module:
     return model.eval()
 
 
+def teacher_forced_logits(model: torch.nn.Module, ids: list[int], tokens: list[int]) -> torch.Tensor:
+    """``[len(tokens), vocab]``: the model's next-token logits before each of ``tokens`` (a
+    continuation of ``ids``), given the prompt and the tokens before it; one forward pass."""
+    with torch.no_grad():
+        return model(torch.tensor([ids + tokens])).logits[0, len(ids) - 1:-1]
+
+
 def greedy(model_dir: Path, adapter_dir: Path | None, ids: list[int], max_new_tokens: int) -> list[int]:
     """Greedy continuation token ids (fp32), stopping at EOS like vLLM does."""
     model = load_model(model_dir, adapter_dir)
