@@ -20,6 +20,7 @@ import statistics
 import time
 
 from benchmarks.engine.gpt_oss_dummy import random_prompts
+from benchmarks.profiling.chrome_trace import write_trace_gz
 from benchmarks.profiling.forward_timer import ForwardTimer, summarize
 from benchmarks.profiling.host_sections import HostSections, mxfp4_engine_sections
 
@@ -84,20 +85,12 @@ def traced_pass(llm, decoders: list[list[int]], prompts: list[list[int]], loras:
     """``mixed_pass`` under ``torch.profiler`` (host activity and CUDA kernels), written as a
     gzip-compressed Chrome trace to ``path`` (``.json.gz``): the host's launches against the
     GPU's kernels, step by step, for reading where the GPU waits."""
-    import gzip
-    import shutil
-    import tempfile
-
     import torch
 
     acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=acts) as prof:
         mixed_pass(llm, decoders, prompts, loras, gap_steps=1, tag=tag)
-    with tempfile.TemporaryDirectory() as tmp:
-        raw = os.path.join(tmp, "trace.json")
-        prof.export_chrome_trace(raw)
-        with open(raw, "rb") as src, gzip.open(path, "wb") as dst:
-            shutil.copyfileobj(src, dst)
+    write_trace_gz(prof, path)
 
 
 def print_mixed_table(title: str, columns: dict[str, dict]) -> None:

@@ -10,7 +10,8 @@ every request on an adapter, then on none:
   (1: the step a new request brings while serving; 5 x 1600: the 8192-token steps of a burst of
   new requests; beyond the CUDA-graph sizes, so torch.compile's graphs run eagerly);
 - *decode*: ``--prompts`` requests of 32 tokens decoding ``--decode-steps`` tokens together
-  (CUDA graphs; the profiler sees the kernels inside them);
+  (CUDA graphs; the profiler sees the kernels inside them); ``--decode-trace DIR`` adds a
+  Chrome trace of a few such steps per column (``benchmarks.profiling.decode_timeline``);
 - *mixed* (``--mixed N``): N new prompts, one at a time, each joining ``--prompts - 1``
   running decodes, as in a server's steady state (``benchmarks.profiling.mixed_steps``): TTFT and each
   forward's host time and device span; ``--trace DIR`` adds a Chrome trace of two such steps.
@@ -48,13 +49,14 @@ from benchmarks.engine.gpt_oss_dummy import (
     write_adapters,
     write_model_dir,
 )
+from benchmarks.profiling.chrome_trace import write_trace_gz
 from benchmarks.profiling.host_profile import host_profile
 from benchmarks.profiling.mixed_steps import print_mixed_table, run_mixed, trace_file
 from benchmarks.profiling.runtime_calls import print_runtime_table, runtime_calls
 
 # (family, pattern on the kernel name), first match wins
 FAMILIES = [
-    ("MoE-LoRA (loraplex)", r"_moe_lora_(align|shrink|expand)_kernel"),
+    ("MoE-LoRA (loraplex)", r"_moe_lora_(align|count|place|shrink|expand|fused)_kernel"),
     ("MoE-LoRA (vLLM)", r"fused_moe_lora|moe_lora_align"),
     ("dense LoRA (loraplex)", r"_dense_lora_(shrink|expand)_kernel"),
     ("dense LoRA (vLLM punica)", r"_lora_(shrink|expand)|sgmv|bgmv"),
@@ -129,6 +131,27 @@ def profile_pass(llm, batches, max_tokens: int, loras: bool, paths) -> tuple[dic
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         wall = run_batches(llm, batches, max_tokens, loras, paths)
     return kernel_ms(prof.events()), wall
+
+
+def traced_decode(llm, batches, steps: int, loras: bool, paths, path: str | None) -> None:
+    """``steps`` decode steps of ``batches`` (after their prefill step) under the CUDA profiler,
+    written as a Chrome trace to ``path`` (``benchmarks.profiling.decode_timeline`` reads it);
+    nothing when ``path`` is None."""
+    import torch
+
+    if path is None:
+        return
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        run_batches(llm, batches, steps + 1, loras, paths)
+    write_trace_gz(prof, path)
+
+
+def decode_trace_file(args, label: str) -> str | None:
+    """Where ``--decode-trace DIR`` puts a column's decode trace (None without it)."""
+    if not args.decode_trace:
+        return None
+    return os.path.join(args.decode_trace, f"decode_{label.replace(' ', '_').replace(',', '')}"
+                        ".json.gz")
 
 
 def per_step_families(kernels: dict, steps: int) -> dict[str, float]:
@@ -215,6 +238,9 @@ def child_base(args, model, out: str) -> None:
         result[name] = profile_pass(llm, batches, max_tokens, False, [])
         if args.runtime_calls:
             result[f"{name} runtime"] = runtime_pass(llm, batches, max_tokens, False, [])
+        if name == "decode":
+            traced_decode(llm, batches, args.decode_trace_steps, False, [],
+                          decode_trace_file(args, "LoRA off"))
     if args.mixed:
         result["mixed"] = run_mixed(llm, args, None, trace=trace_file(args, "LoRA off"))
     with open(out, "w") as f:
@@ -255,6 +281,11 @@ def main() -> None:
     ap.add_argument("--trace", default=None, metavar="DIR",
                     help="with --mixed: also a Chrome trace (host and kernels, .json.gz) of two "
                          "mixed steps per column, written here")
+    ap.add_argument("--decode-trace", default=None, metavar="DIR",
+                    help="also a Chrome trace (kernels only, .json.gz) of --decode-trace-steps "
+                         "decode steps per column, written here "
+                         "(benchmarks.profiling.decode_timeline reads them)")
+    ap.add_argument("--decode-trace-steps", type=int, default=16)
     ap.add_argument("--mixed-only", action="store_true",
                     help="with --mixed: skip the prefill and decode profiles")
     ap.add_argument("--child-base", default=None, help=argparse.SUPPRESS)
@@ -289,6 +320,10 @@ def main() -> None:
                 calls["LoRA off"] = base[f"{name} runtime"]
             print_runtime_table(f"{label}: {name}", steps, calls)
             report[f"{name} runtime"] = calls
+        if name == "decode":
+            for column, lr in (("with adapters", True), ("LoRA on, no adapter", False)):
+                traced_decode(llm, batches, args.decode_trace_steps, lr, paths,
+                              decode_trace_file(args, column))
     if args.mixed:
         columns = {"with adapters": run_mixed(llm, args, adapter_requests(paths, args.adapters),
                                               trace=trace_file(args, "with adapters")),

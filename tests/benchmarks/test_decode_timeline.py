@@ -1,0 +1,72 @@
+"""The decode timeline's reading of a Chrome trace: steps, the decode steps among them, costs
+per kernel and family with the idle time charged to the kernel that ends it, one layer."""
+
+import gzip
+import json
+
+import pytest
+
+from benchmarks.profiling.decode_timeline import main, report
+
+
+def _kernel(name: str, ts: float, dur: float) -> dict:
+    return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur, "tid": 7}
+
+
+def _write(path, steps: list[list[tuple[str, float, float]]], step_period: float = 1000.0):
+    """Each step's kernels as (name, start µs within the step, duration µs)."""
+    events = [_kernel(n, i * step_period + ts, d) for i, ks in enumerate(steps) for n, ts, d in ks]
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    return str(path)
+
+
+LAYER = [("flash_fwd_kernel", 0, 10), ("nvjet_gemm", 10, 20), ("fused_moe_kernel", 30, 40)]
+
+
+def _decode(with_lora: bool) -> list[tuple[str, float, float]]:
+    ks, t = [], 0.0
+    for _ in range(3):  # three layers
+        for name, _, dur in LAYER:
+            if with_lora and name == "fused_moe_kernel":
+                ks.append(("_dense_lora_shrink_kernel", t, 5))
+                t += 5 + 2  # 2 µs idle before the base GEMM
+            ks.append((name, t, dur))
+            t += dur
+    return ks
+
+
+def test_decode_steps_costs_and_layer(tmp_path, capsys):
+    prefill = [(n, ts * 3, d * 3) for n, ts, d in _decode(True)][:4]  # another kernel count
+    lora = _write(tmp_path / "a.json.gz", [prefill] + [_decode(True)] * 4)
+    base = _write(tmp_path / "b.json.gz", [_decode(False)] * 3)
+    out = report([("with", lora), ("off", base)], step_gap_ms=0.3, layer=1)
+    assert out["summary"]["with"]["steps"] == 4 and out["summary"]["off"]["steps"] == 3
+    assert out["summary"]["with"]["kernels"] == 12 and out["summary"]["off"]["kernels"] == 9
+    assert out["summary"]["with"]["busy_ms"] == pytest.approx((3 * 70 + 3 * 5) / 1e3)
+    assert out["summary"]["with"]["idle_ms"] == pytest.approx(3 * 2 / 1e3)
+    gemm = out["kernels"]["with"]["fused_moe_kernel"]
+    assert gemm == {"launches": 3, "busy_us": 120, "idle_us": 6}  # the gaps it ended
+    assert out["families"]["with"]["dense LoRA (loraplex)"]["launches"] == 3
+    assert "dense LoRA (loraplex)" not in out["families"]["off"]
+    layer = out["layer"]["with"]
+    assert [r["name"] for r in layer] == ["flash_fwd_kernel", "nvjet_gemm",
+                                          "_dense_lora_shrink_kernel", "fused_moe_kernel"]
+    assert layer[-1]["idle_us"] == 2 and layer[0]["start_us"] == 0
+    text = capsys.readouterr().out
+    assert "| with | 4 / 5 | 12 |" in text
+    assert "(+0.021 ms: kernels +0.015, idle +0.006)" in text
+
+
+def test_step_start_splits_steps_without_idle_between_them(tmp_path):
+    steps = [_decode(False)] * 3
+    path = _write(tmp_path / "c.json.gz", steps, step_period=210.0)  # back to back: one step
+    assert report([("x", path)], step_gap_ms=0.3)["summary"]["x"]["steps"] == 1
+    # each step starts at its first attention kernel: split there, every 3rd one (layer 0)
+    got = report([("x", path)], step_start="flash", step_gap_ms=0.3)["summary"]["x"]
+    assert got["kernels"] == 3 and got["steps"] == 9
+
+
+def test_cli_rejects_a_trace_without_a_label(tmp_path):
+    with pytest.raises(SystemExit):
+        main([str(tmp_path / "x.json.gz")])
