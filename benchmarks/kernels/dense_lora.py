@@ -67,9 +67,38 @@ def profile_calls(fn, path: str, calls: int = 200) -> None:
     prof.dump_stats(path)
 
 
+def fused_columns(row: dict, outs: dict, layers, x, y, lora, n_layers: int,
+                  block_ns: list[int]) -> None:
+    """loraplex's one-launch form (``cfg.fused``) at each output tile in ``block_ns``, through
+    ``DenseLoRALayer`` on the same layers and tokens: ``fused<N>_us`` (GPU µs per layer) and
+    ``fused<N>_err`` (relative error against vLLM's output) added to ``row``."""
+    from dataclasses import replace
+
+    from kernels.dense_lora.groups import group_tokens
+    from kernels.dense_lora.launch import fused_form
+    from kernels.dense_lora.layer import DenseLoRALayer
+
+    groups = group_tokens(lora, SLOTS + 1)
+    dense_layers = [DenseLoRALayer(a, b) for a, b in layers]
+    ref = outs["vllm"]
+    for bn in block_ns:
+        cfg = replace(fused_form(dense_layers[0].config(int(x.shape[0]))), block_n=bn)
+
+        def all_layers(cfg=cfg):
+            for layer in dense_layers:
+                layer(y, x, groups, cfg)
+            return y
+
+        y.zero_()
+        dense_layers[0](y, x, groups, cfg)
+        row[f"fused{bn}_err"] = float((y.float() - ref).norm() / ref.norm().clamp_min(1e-30))
+        row[f"fused{bn}_us"] = graph_us(all_layers, n_layers)
+
+
 def run_case(name: str, m: int, n_layers: int, wrappers: dict, gen, copy_tbs: float,
-             pstats_dir: str | None = None) -> dict:
-    """``wrappers``: ``{"vllm": PunicaWrapperGPU, "ours": LoraplexPunicaWrapper}`` instances."""
+             pstats_dir: str | None = None, fused_block_ns: list[int] | None = None) -> dict:
+    """``wrappers``: ``{"vllm": PunicaWrapperGPU, "ours": LoraplexPunicaWrapper}`` instances;
+    ``fused_block_ns``: also the fused form at these output tiles (``fused_columns``)."""
     from kernels.vllm import cuda
 
     k, slices = SHAPES[name]
@@ -108,6 +137,8 @@ def run_case(name: str, m: int, n_layers: int, wrappers: dict, gen, copy_tbs: fl
     row["ours_cp"] = 100 * weight_bytes / (row["ours_us"] * 1e-6) / (copy_tbs * 1e12)
     ref = outs["vllm"]
     row["rel_err_vs_vllm"] = float((outs["ours"] - ref).norm() / ref.norm().clamp_min(1e-30))
+    if fused_block_ns:
+        fused_columns(row, outs, layers, x, y, lora, n_layers, fused_block_ns)
     return row
 
 
@@ -122,9 +153,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ops", default="qkv,o,router")
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--fused", default="", metavar="BLOCK_NS",
+                    help="also loraplex's one-launch form at these output tiles (e.g. 128,512)")
     ap.add_argument("--pstats-dir", default=None,
                     help="also profile 200 eager calls per case and side (cProfile) into here")
     args = ap.parse_args(argv)
+    fused_block_ns = [int(v) for v in args.fused.split(",") if v]
     if args.pstats_dir:
         os.makedirs(args.pstats_dir, exist_ok=True)
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -135,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name in args.ops.split(","):
         for m in (int(v) for v in args.ms.split(",")):
-            rows.append(run_case(name, m, args.layers, wrappers, gen, copy_tbs, args.pstats_dir))
+            rows.append(run_case(name, m, args.layers, wrappers, gen, copy_tbs, args.pstats_dir,
+                                 fused_block_ns))
             log(json.dumps({k: round(v, 4) if isinstance(v, float) else v
                             for k, v in rows[-1].items()}))
     log(f"\ncopy bandwidth {copy_tbs:.2f} TB/s; µs per layer (GPU: CUDA-graph replay; host: "
@@ -147,6 +182,18 @@ def main(argv: list[str] | None = None) -> int:
         log(f"| {r['op']} | {r['M']} | {r['vllm_us']:.1f} | {r['ours_us']:.1f} | "
             f"**{r['speedup']:.2f}×** | {r['ours_cp']:.0f} | {r['vllm_host_us']:.1f} | "
             f"{r['ours_host_us']:.1f} | {r['rel_err_vs_vllm']:.1e} |")
+    if fused_block_ns:
+        log("\nthe one-launch form (fused) against the pair (ours), GPU µs per layer; rel. err "
+            "vs vLLM")
+        log("| op | M | ours GPU | " + " | ".join(f"fused {bn} GPU | ×" for bn in fused_block_ns)
+            + " | max rel. err |")
+        log("|---|---|---|" + "---|---|" * len(fused_block_ns) + "---|")
+        for r in rows:
+            cells = [f"{r[f'fused{bn}_us']:.1f} | {r['ours_us'] / r[f'fused{bn}_us']:.2f}×"
+                     for bn in fused_block_ns]
+            err = max(r[f"fused{bn}_err"] for bn in fused_block_ns)
+            log(f"| {r['op']} | {r['M']} | {r['ours_us']:.1f} | " + " | ".join(cells)
+                + f" | {err:.1e} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"copy_tbs": copy_tbs, "rows": rows}, f, indent=1)

@@ -10,7 +10,9 @@ Tuned configs live in ``kernels/configs/dense_lora_<device>.json`` (written by
                                                       "num_warps": 4}, ...}}}
 
 The shape key names the input features, each slice's output features, the rank and the slot
-count. Lookup as for the MoE-LoRA configs: exact device and shape (or the shape's nearest tuned
+count. A config with ``"fused": true`` runs shrink and expand as one launch; ``LORAPLEX_DENSE_FUSED_MAX_M=N``
+(default 0) makes every batch of at most N tokens use that form (``fused_form`` of its config),
+for measuring it in an engine before a tuned file says so. Lookup as for the MoE-LoRA configs: exact device and shape (or the shape's nearest tuned
 rank), the largest tuned M not above the batch's (the smallest when M is below all). A shape
 without tuned configs uses the heuristic
 ``kernels.dense_lora.launch.dense_config``.
@@ -19,6 +21,7 @@ without tuned configs uses the heuristic
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Sequence
 from dataclasses import asdict
 
@@ -26,6 +29,7 @@ from kernels.dense_lora.launch import (
     DENSE_CONFIG_BUCKET_MS,
     DenseLoRAConfig,
     dense_config,
+    fused_form,
 )
 from kernels.moe_lora.configs import (
     device_slug_of,
@@ -35,6 +39,15 @@ from kernels.moe_lora.configs import (
 )
 
 PREFIX = "dense_lora"
+FUSED_MAX_M_ENV = "LORAPLEX_DENSE_FUSED_MAX_M"
+_fused_max_m = int(os.environ.get(FUSED_MAX_M_ENV, "0") or 0)
+
+
+def set_fused_max_m(m: int) -> None:
+    """Batches of at most ``m`` tokens run the fused form (0: only where a tuned config says)."""
+    global _fused_max_m
+    _fused_max_m = m
+    layer_dense_config.cache_clear()
 
 
 def dense_shape_key(in_features: int, out_features: Sequence[int], rank: int,
@@ -61,9 +74,8 @@ def layer_dense_config(m: int, in_features: int, out_features: tuple[int, ...], 
     CUDA device): tuned if the device's file has the shape, else the heuristic."""
     raw = pick_bucket(_tuned(device_index, dense_shape_key(in_features, out_features, rank,
                                                            num_slots)), m)
-    if raw is None:
-        return dense_config(m, in_features, len(out_features))
-    return DenseLoRAConfig(**raw)
+    cfg = dense_config(m, in_features, len(out_features)) if raw is None else DenseLoRAConfig(**raw)
+    return fused_form(cfg) if m <= _fused_max_m and not cfg.fused else cfg
 
 
 def warm_up_configs(in_features: int, out_features: tuple[int, ...], rank: int, num_slots: int,

@@ -13,7 +13,9 @@ at once. Then
   A[slot, r, k]``
   (fp32 partials at the token's sorted position ``p``: no atomics, no zero-fill);
 - expand: ``y[t, off_slice + n] (+)= sum_r (sum_s part[s, p, slice*RP + r]) * B[slot, n, r]``
-  (split-K reduction while loading, the add fused; PDL lets B and y load during the shrink).
+  (split-K reduction while loading, the add fused; PDL lets B and y load during the shrink);
+- fused (decode sizes): both in one launch, each expand program computing its rows' shrink over
+  all of K (no partials, one launch instead of two).
 
 Layouts (vLLM's dense LoRA stacks): ``A [L, 1, r, in]`` and ``B [L, 1, N_slice, r]`` per slice,
 slice ``i`` writing columns ``[sum(N_<i), sum(N_<=i))`` of ``y [M, >= sum(N)]``. Grids depend
@@ -161,4 +163,74 @@ def _dense_lora_expand_kernel(
     acc = tl.dot(inter.to(bt.dtype), bt)
     if ADD_INPUTS:
         acc += y_old.to(tl.float32)
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=y_mask)
+
+
+@triton.jit(do_not_specialize=["num_tokens"])
+def _dense_lora_fused_kernel(
+    y_ptr, x_ptr, a0_ptr, a1_ptr, a2_ptr, b0_ptr, b1_ptr, b2_ptr,
+    sorted_idx_ptr, group_slot_ptr, group_ntok_ptr, group_start_ptr, slot_live_ptr,
+    num_groups, num_tokens, in_features, n0, n1, n2, rank, scale,
+    stride_xm, stride_al, stride_ar, stride_ym, stride_bl0, stride_bl1, stride_bl2, stride_bn,
+    BM: tl.constexpr, RP: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
+    EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_R: tl.constexpr,
+    NUM_SLICES: tl.constexpr, HAS_SCALE: tl.constexpr, ADD_INPUTS: tl.constexpr,
+    G_P2: tl.constexpr, HAS_LIVE: tl.constexpr, LIVE_RANKS: tl.constexpr,
+):
+    """Shrink and expand in one launch (decode sizes): program ``(n-block, row block, slice)``
+    computes its rows' whole ``[BM, RP]`` shrink over all of K itself (the slot's A is read by
+    every n-block of the slice, from L2 after the first) and writes its ``BLOCK_N`` columns.
+    Same result as the shrink + expand pair with split-K 1: the fp32 shrink rounded to the
+    weights' dtype before the expand."""
+    pid_n = tl.program_id(0)
+    pid_b = tl.program_id(1)
+    pid_slice = tl.program_id(2)
+    n_slice = n0
+    col0 = 0
+    a_base = a0_ptr
+    b_base = b0_ptr
+    stride_bl = stride_bl0
+    if NUM_SLICES >= 2:
+        if pid_slice == 1:
+            n_slice = n1
+            col0 = n0
+            a_base = a1_ptr
+            b_base = b1_ptr
+            stride_bl = stride_bl1
+    if NUM_SLICES == 3:
+        if pid_slice == 2:
+            n_slice = n2
+            col0 = n0 + n1
+            a_base = a2_ptr
+            b_base = b2_ptr
+            stride_bl = stride_bl2
+    if pid_n * BLOCK_N >= n_slice:
+        return
+    live, slot, rows, pos, row_ok = _group_block(
+        pid_b, num_groups, num_tokens, sorted_idx_ptr, group_slot_ptr, group_ntok_ptr,
+        group_start_ptr, slot_live_ptr, BM, G_P2, HAS_LIVE)
+    if live == 0:
+        return
+    r_lim = slot_rank(rank, slot_live_ptr, slot, LIVE_RANKS)
+    inter = shrink_tile(x_ptr, a_base + slot.to(tl.int64) * stride_al, rows.to(tl.int64), row_ok,
+                        0, in_features, in_features, r_lim, stride_xm, stride_ar, BM, RP,
+                        BLOCK_K, EVEN_K, EVEN_R)
+    if HAS_SCALE:
+        inter *= scale
+    offs_r = tl.arange(0, RP)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < n_slice
+    b_ptrs = b_base + slot.to(tl.int64) * stride_bl + offs_r[:, None] + offs_n[None, :] * stride_bn
+    if EVEN_N and EVEN_R:
+        bt = tl.load(b_ptrs)
+    else:
+        bt = tl.load(b_ptrs, mask=(offs_r[:, None] < r_lim) & n_ok[None, :], other=0.0)
+    y_ptrs = y_ptr + rows.to(tl.int64)[:, None] * stride_ym + (col0 + offs_n)[None, :]
+    if EVEN_N:
+        y_mask = row_ok[:, None]
+    else:
+        y_mask = row_ok[:, None] & n_ok[None, :]
+    acc = tl.dot(inter.to(bt.dtype), bt)
+    if ADD_INPUTS:
+        acc += tl.load(y_ptrs, mask=y_mask, other=0.0).to(tl.float32)
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=y_mask)

@@ -14,6 +14,7 @@ import torch
 from kernels.dense_lora.groups import TokenGroups
 from kernels.dense_lora.kernels import (
     _dense_lora_expand_kernel,
+    _dense_lora_fused_kernel,
     _dense_lora_shrink_kernel,
 )
 from kernels.launch.cached import (
@@ -32,13 +33,25 @@ MAX_SLICES = 3
 
 @dataclass(frozen=True)
 class DenseLoRAConfig:
-    """Tiles of one dense LoRA layer call."""
+    """Tiles of one dense LoRA layer call; ``fused``: shrink and expand in one launch
+    (``dense_lora_fused``: ``split_k`` unused, ``block_k`` the shrink's K step)."""
 
     block_m: int
     block_k: int
     split_k: int
     block_n: int
     num_warps: int = 4
+    fused: bool = False
+
+
+FUSED_BLOCK_N = 512  # the fused form's output tile: each program re-reads its slot's A
+
+
+def fused_form(cfg: DenseLoRAConfig) -> DenseLoRAConfig:
+    """``cfg`` as one launch: ``fused``, ``FUSED_BLOCK_N`` columns per program (fewer programs
+    re-reading A), 8 warps for that tile."""
+    return DenseLoRAConfig(block_m=cfg.block_m, block_k=cfg.block_k, split_k=1,
+                           block_n=max(cfg.block_n, FUSED_BLOCK_N), num_warps=8, fused=True)
 
 
 # one M per bucket of ``dense_config`` (the warm-up compiles each bucket's variants with these)
@@ -65,6 +78,7 @@ def dense_config(m: int, in_features: int, num_slices: int = 1) -> DenseLoRAConf
 
 _SHRINK_PLANS = LaunchPlans(CachedLauncher(_dense_lora_shrink_kernel))
 _EXPAND_PLANS = LaunchPlans(CachedLauncher(_dense_lora_expand_kernel))
+_FUSED_PLANS = LaunchPlans(CachedLauncher(_dense_lora_fused_kernel))
 # arguments given anew per launch: x or y, 3 weight slices, part, 4 groups, live, the group
 # count and the token count (``do_not_specialize``: a prepared launch serves every count of its
 # ``plan_tokens`` bucket)
@@ -201,3 +215,69 @@ def expand_with_plan(y, part, lora_b, groups, cfg, add_inputs, use_pdl, slot_liv
              HAS_LIVE=slot_live is not None, USE_PDL=use_pdl, LIVE_RANKS=ranked,
              num_warps=cfg.num_warps, num_stages=1, launch_pdl=use_pdl),
         lead=_LEAD)
+
+
+def dense_lora_fused(y: torch.Tensor, x: torch.Tensor, lora_a: Sequence[torch.Tensor],
+                     lora_b: Sequence[torch.Tensor], groups: TokenGroups, cfg: DenseLoRAConfig,
+                     scale: float = 1.0, add_inputs: bool = True,
+                     slot_live: torch.Tensor | None = None) -> None:
+    """``dense_lora_shrink`` + ``dense_lora_expand`` in one launch (shapes and ``slot_live`` as
+    there): ``y [M, >=sum(N)] (+)= scale * x A_i^T B_i^T`` per slice. Repeat calls of a known
+    shape and M launch a prepared launch."""
+    fused_with_plan(y, x, lora_a, lora_b, groups, cfg, scale, add_inputs, slot_live)
+
+
+# arguments given anew per fused launch: y, x, 3 A slices, 3 B slices, 4 groups, live, the group
+# count and the token count
+_FUSED_LEAD = 15
+
+
+def fused_with_plan(y, x, lora_a, lora_b, groups, cfg, scale, add_inputs, slot_live
+                    ) -> PreparedLaunch | None:
+    """``dense_lora_fused`` returning the prepared launch it used (None: nothing launched)."""
+    num_slices = len(lora_a)
+    assert 1 <= num_slices <= MAX_SLICES and len(lora_b) == num_slices
+    a, b = as_3d(lora_a), as_3d(lora_b)
+    a1, b1 = a[min(1, num_slices - 1)], b[min(1, num_slices - 1)]
+    g, m = groups, groups.num_tokens
+    if m == 0:
+        return None
+    mp = plan_tokens(m)
+    live = g.slot if slot_live is None else slot_live
+    key = (cfg, mp, x.stride(0), y.stride(0), x.dtype, y.dtype, a[0].shape, a[0].stride(),
+           tuple(t.shape for t in b), tuple(t.stride() for t in b), num_slices, scale,
+           add_inputs, g.slot.shape[0], slot_live is not None,
+           aligned16(y, x, a[0], a1, a[-1], b[0], b1, b[-1], g.sorted_idx, g.slot, g.ntok,
+                     g.start, live))
+    tensors = (y, x, a[0], a1, a[-1], b[0], b1, b[-1], g.sorted_idx, g.slot, g.ntok, g.start,
+               live, g.num_groups, m)
+    plan = _FUSED_PLANS.get(key)
+    if plan is not None:
+        plan.launch(raw_stream(y.device), *tensors)
+        return plan
+    rank, in_features = a[0].shape[-2], a[0].shape[-1]
+    rp = rank_pad(rank)
+    ranked = reads_slot_ranks(slot_live is not None, rank)
+    ns = [t.shape[-2] for t in b] + [0] * (MAX_SLICES - num_slices)
+    assert x.stride(-1) == 1 and y.stride(-1) == 1
+    assert all(t.stride(-1) == 1 for t in (*a, *b))
+    assert all(t.shape == a[0].shape and t.stride() == a[0].stride() for t in a), \
+        "A slices must share shape and strides"
+    assert all(t.stride(-2) == b[0].stride(-2) for t in b), "B slices must share row strides"
+    assert y.shape[-1] >= sum(ns), (y.shape, ns)
+    block_k = min(cfg.block_k, max(16, next_pow2(in_features)))
+    block_n = min(cfg.block_n, max(16, next_pow2(max(ns))))
+    bl = [t.stride(0) for t in b] + [0] * (MAX_SLICES - num_slices)
+    return _FUSED_PLANS.launch_new(
+        key, (cdiv(max(ns), block_n), row_blocks(mp, cfg.block_m, g.num_groups), num_slices),
+        (*tensors, in_features, ns[0], ns[1], ns[2], rank, float(scale),
+         x.stride(0), a[0].stride(0), a[0].stride(1), y.stride(0), bl[0], bl[1], bl[2],
+         b[0].stride(1)),
+        dict(BM=cfg.block_m, RP=rp, BLOCK_K=block_k, BLOCK_N=block_n,
+             EVEN_K=in_features % block_k == 0,
+             EVEN_N=all(n % block_n == 0 for n in ns[:num_slices]),
+             EVEN_R=rank == rp and not ranked, NUM_SLICES=num_slices, HAS_SCALE=scale != 1.0,
+             ADD_INPUTS=add_inputs, G_P2=next_pow2(g.num_groups),
+             HAS_LIVE=slot_live is not None, LIVE_RANKS=ranked,
+             num_warps=cfg.num_warps, num_stages=2),
+        lead=_FUSED_LEAD)

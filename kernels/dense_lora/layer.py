@@ -14,6 +14,7 @@ from kernels.dense_lora.launch import (
     DenseLoRAConfig,
     as_3d,
     expand_with_plan,
+    fused_with_plan,
     plan_tokens,
     shrink_with_plan,
 )
@@ -60,8 +61,11 @@ class DenseLoRALayer:
                  cfg: DenseLoRAConfig, scale: float = 1.0, add_inputs: bool = True,
                  use_pdl: bool = False, slot_live: torch.Tensor | None = None) -> None:
         """``y [M, >=sum(N)] (+)= scale * x [M, in] A_i^T B_i^T`` per slice, as
-        ``dense_lora_shrink`` + ``dense_lora_expand``."""
+        ``dense_lora_shrink`` + ``dense_lora_expand`` (``cfg.fused``: ``dense_lora_fused``)."""
         g = groups
+        if cfg.fused:
+            self._fused(y, x, g, cfg, scale, add_inputs, slot_live)
+            return
         live = g.slot if slot_live is None else slot_live
         key = (plan_tokens(g.num_tokens), cfg, scale, add_inputs, use_pdl, slot_live is not None,
                x.stride(0), y.stride(0), x.dtype, y.dtype, g.slot.shape[0])
@@ -80,3 +84,19 @@ class DenseLoRALayer:
         expand = expand_with_plan(y, part, self.b, g, cfg, add_inputs, use_pdl, slot_live)
         if shrink is not None and expand is not None and self.aligned and tensors_aligned:
             self._calls.put(key, (shrink, expand))
+
+    def _fused(self, y, x, g: TokenGroups, cfg: DenseLoRAConfig, scale: float, add_inputs: bool,
+               slot_live: torch.Tensor | None) -> None:
+        """The one-launch form, its prepared launch kept per token-count bucket like the pair."""
+        live = g.slot if slot_live is None else slot_live
+        key = ("fused", plan_tokens(g.num_tokens), cfg, scale, add_inputs, slot_live is not None,
+               x.stride(0), y.stride(0), x.dtype, y.dtype, g.slot.shape[0])
+        plan = self._calls.get(key)
+        tensors_aligned = aligned16(x, y, g.sorted_idx, g.slot, g.ntok, g.start, live)
+        if plan is not None and tensors_aligned:
+            plan.launch(raw_stream(x.device), y, x, *self.a3, *self.b3, g.sorted_idx, g.slot,
+                        g.ntok, g.start, live, g.num_groups, g.num_tokens)
+            return
+        plan = fused_with_plan(y, x, self.a, self.b, g, cfg, scale, add_inputs, slot_live)
+        if plan is not None and self.aligned and tensors_aligned:
+            self._calls.put(key, plan)

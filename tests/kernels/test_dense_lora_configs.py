@@ -177,3 +177,21 @@ def test_moe_lookup_falls_back_to_the_heuristic_past_the_tuned_reach(tmp_path, m
         triton_moe_lora_configs.load_device_file.cache_clear()
         triton_moe_lora_configs.tuned_buckets.cache_clear()
         triton_moe_lora_configs._lookup.cache_clear()
+
+
+def test_fused_max_m_turns_small_batches_into_the_one_launch_form():
+    """``set_fused_max_m`` (``LORAPLEX_DENSE_FUSED_MAX_M``): batches up to it get the fused form
+    of their config, larger ones keep the pair; 0 turns it off again."""
+    from kernels.dense_lora.configs import layer_dense_config, set_fused_max_m
+    from kernels.dense_lora.launch import FUSED_BLOCK_N
+
+    shape = (2880, (4096, 512, 512), 32, 8, None)
+    try:
+        set_fused_max_m(64)
+        small, large = layer_dense_config(16, *shape), layer_dense_config(65, *shape)
+        assert small.fused and small.block_n == FUSED_BLOCK_N and small.split_k == 1
+        assert not large.fused
+        set_fused_max_m(0)
+        assert not layer_dense_config(16, *shape).fused
+    finally:
+        set_fused_max_m(0)

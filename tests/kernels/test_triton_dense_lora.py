@@ -24,8 +24,10 @@ with interpreter_unless_cuda():
         DenseLoRAConfig,
         dense_config,
         dense_lora_expand,
+        dense_lora_fused,
         dense_lora_shrink,
     )
+    from kernels.dense_lora.layer import DenseLoRALayer
 DEV = "cuda" if HAS_CUDA else "cpu"
 pytestmark = pytest.mark.usefixtures("interpreter_when_no_gpu")
 _ = interpreter_when_no_gpu  # the fixture, used through pytestmark
@@ -87,6 +89,70 @@ def test_dense_lora_matches_reference(case, add_inputs):
     untouched = lora.cpu() < 0
     assert torch.equal(y.cpu()[untouched].double(), ref.cpu()[untouched])
     assert rel_err(base, ref) > 1e-2
+
+
+def fused_config(m: int, k: int, ns, cfg: DenseLoRAConfig | None) -> DenseLoRAConfig:
+    """The case's tiles (or the heuristic's) with ``fused`` on."""
+    from dataclasses import replace
+
+    return replace(cfg or dense_config(m, k, len(ns)), fused=True)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"M{c[0]}K{c[1]}S{len(c[2])}r{c[4]}")
+@pytest.mark.parametrize("add_inputs", [True, False])
+def test_fused_shrink_expand_matches_reference(case, add_inputs):
+    """The one-launch form (``dense_lora_fused``): the same result as the pair, rows without an
+    adapter untouched."""
+    m, k, ns, slots, rank, cfg = case
+    y, x, a, b, lora = problem(m, k, ns, slots, rank, torch.float32, seed=m * 31 + k)
+    groups = group_tokens(lora, slots + 1)
+    ref = dense_reference(y, x, a, b, lora.cpu(), 0.5, add_inputs)
+    dense_lora_fused(y, x, a, b, groups, fused_config(m, k, ns, cfg), scale=0.5,
+                     add_inputs=add_inputs)
+    assert rel_err(y, ref) < (5e-3 if HAS_CUDA else 2e-4)
+    untouched = lora.cpu() < 0
+    assert torch.equal(y.cpu()[untouched].double(), ref.cpu()[untouched])
+
+
+@pytest.mark.parametrize("m", [5, 40])
+def test_fused_reads_nothing_past_slot_ranks_and_skips_dead_slots(m):
+    """``slot_live`` in the fused form: NaN past a slot's rank is not read, a slot at 0 is
+    skipped (its rows keep their values)."""
+    k, ns, slots, rank = 40, (24, 8, 8), 4, 64
+    ranks = [8, 64, 20, 0]
+    y, x, a, b, lora = problem(m, k, ns, slots, rank, torch.float32, seed=70 + m)
+    lora[:4] = torch.tensor([0, 1, 2, 3], dtype=torch.int32)
+    groups = group_tokens(lora, slots + 1)
+    a0, b0 = past_slot_ranks(a, ranks, 0.0, 2), past_slot_ranks(b, ranks, 0.0, 3)
+    a_nan, b_nan = past_slot_ranks(a, ranks, float("nan"), 2), past_slot_ranks(
+        b, ranks, float("nan"), 3)
+    dead = lora.cpu() == 3
+    ref = dense_reference(y, x, a0, b0, torch.where(dead, -1, lora.cpu()), 1.0)
+    got = y.clone()
+    dense_lora_fused(got, x, a_nan, b_nan, groups, fused_config(m, k, ns, None),
+                     slot_live=torch.tensor(ranks, dtype=torch.int32, device=DEV))
+    assert torch.isfinite(got).all()
+    assert rel_err(got, ref) < (5e-3 if HAS_CUDA else 2e-4)
+    assert torch.equal(got.cpu()[dead], y.cpu()[dead])
+
+
+def test_layer_runs_the_fused_form_through_its_kept_launch():
+    """``DenseLoRALayer`` with a fused config: the second call of the bucket (another step's
+    tensors) launches the kept plan and still matches the reference."""
+    from kernels.dense_lora import launch as tdl
+
+    m, k, ns, slots, rank = 12, 40, (24, 8, 8), 3, 8
+    _, _, a, b, _ = problem(m, k, ns, slots, rank, torch.float32, seed=21)
+    layer = DenseLoRALayer(a, b)
+    cfg = fused_config(m, k, ns, None)
+    before = len(tdl._FUSED_PLANS.plans)
+    for seed in (22, 23):
+        y, x, _, _, lora = problem(m, k, ns, slots, rank, torch.float32, seed=seed)
+        ref = dense_reference(y, x, a, b, lora.cpu(), 1.0)
+        layer(y, x, group_tokens(lora, slots + 1), cfg)
+        assert rel_err(y, ref) < (5e-3 if HAS_CUDA else 2e-4), seed
+    assert len(tdl._FUSED_PLANS.plans) - before == 1
+    assert len(layer._calls.plans) == 1
 
 
 def test_repeat_calls_through_prepared_launches_match_reference():
@@ -219,9 +285,12 @@ def test_real_attention_shapes_bf16(m, proj):
     groups = group_tokens(lora, 9)
     cfg = dense_config(m, k, len(ns))
     ref = dense_reference(y, x, a, b, lora.cpu(), 1.0)
+    fused = y.clone()
     part = dense_lora_shrink(x, a, groups, cfg, use_pdl=True)
     dense_lora_expand(y, part, b, groups, cfg, use_pdl=True)
     assert rel_err(y, ref) < 2e-2
+    dense_lora_fused(fused, x, a, b, groups, fused_config(m, k, ns, cfg))
+    assert rel_err(fused, ref) < 2e-2
 
 
 def test_vllm_op_glue_matches_reference_and_honours_the_no_lora_flag():
