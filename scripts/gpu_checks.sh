@@ -6,7 +6,10 @@
 # `ranks`: adapters of rank 32 (16 for the equality) in slots of rank 64, as deploy/h200.yaml runs
 # them: the slot-rank kernel benchmark, equality with stock vLLM, the engine serving benchmark on
 # MXFP4 (~9 min: a command of its own).
-#   bash scripts/gpu_checks.sh OUT_DIR [tests|bench|all|engine|ranks] [MODELS (engine: default 'gptoss gptoss-mxfp4')]
+# `timeline`: per model the decode step's device timeline with adapters, LoRA on without and
+# LoRA off (step_profile --decode-trace, then decode_timeline; ~4 min per model). `fused`: the
+# dense LoRA bench at decode sizes with the one-launch form's columns.
+#   bash scripts/gpu_checks.sh OUT_DIR [tests|bench|all|engine|ranks|timeline|fused] [MODELS (engine, timeline: default 'gptoss gptoss-mxfp4')]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?OUT_DIR}
@@ -33,6 +36,25 @@ if [ "$WHAT" = ranks ]; then
       --burst-reps 2 --per-worker 2 --max-lora-rank 64 --json "$OUT/engine_serving_slots_r64.json" \
       2>&1 | tee "$OUT/engine_serving_slots_r64.log" | tail -12
   exit $(( status || PIPESTATUS[0] ))
+fi
+if [ "$WHAT" = fused ]; then
+  python3 -m benchmarks.kernels.dense_lora --ms 1,4,16,32,64 --ops qkv,o --fused 128,256,512 \
+      --json "$OUT/dense_lora_fused.json" 2>&1 | tee "$OUT/dense_lora_fused.log" | tail -24
+  exit "${PIPESTATUS[0]}"
+fi
+if [ "$WHAT" = timeline ]; then
+  for model in $MODELS; do
+    flag=""; [ "$model" = gptoss-mxfp4 ] && flag=--mxfp4
+    dir="$OUT/timeline_$model${LORAPLEX_DENSE_FUSED_MAX_M:+_fused}"
+    python3 -m benchmarks.profiling.step_profile $flag --base-engine --decode-steps 32 --top 25 \
+        --decode-trace "$dir" --json "$dir.json" > "$dir.log" 2>&1
+    status=$(( status || $? ))
+    grep -v "^INFO\|^WARNING\|^(EngineCore\|^DEBUG" "$dir.log" | grep "^|\|^$\|ms per step\|top " | tail -45
+    python3 -m benchmarks.profiling.decode_timeline "with adapters=$dir/decode_with_adapters.json.gz" \
+        "LoRA on, no adapter=$dir/decode_LoRA_on_no_adapter.json.gz" "LoRA off=$dir/decode_LoRA_off.json.gz" --layer 2 --png "$dir.png" --json "$dir.timeline.json" \
+        2>&1 | tee "$dir.timeline.log" | head -60
+  done
+  exit "$status"
 fi
 if [ "$WHAT" = engine ]; then
   for model in $MODELS; do
