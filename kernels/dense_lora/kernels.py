@@ -106,6 +106,59 @@ def _dense_lora_shrink_kernel(
     tl.store(p_ptrs, acc, mask=row_ok[:, None])
 
 
+@triton.jit
+def _pick_slice(pid_slice, p0, p1, p2, n0, n1, n2, NUM_SLICES: tl.constexpr):
+    """``(p_i, n_i, col0_i)`` of slice ``i = pid_slice``: its pointer (or stride), its width,
+    its first output column (the widths before it)."""
+    p = p0
+    n = n0
+    if NUM_SLICES >= 2:
+        if pid_slice == 1:
+            p = p1
+            n = n1
+    if NUM_SLICES == 3:
+        if pid_slice == 2:
+            p = p2
+            n = n2
+    col0 = tl.where(pid_slice >= 1, n0, 0) + tl.where(pid_slice >= 2, n1, 0)
+    return p, n, col0
+
+
+@triton.jit
+def _expand_operands(y_ptr, b_base, rows, row_ok, pid_n, n_slice, col0, r_lim, stride_ym,
+                     stride_bn, BM: tl.constexpr, RP: tl.constexpr, BLOCK_N: tl.constexpr,
+                     EVEN_N: tl.constexpr, EVEN_R: tl.constexpr, ADD_INPUTS: tl.constexpr):
+    """What an expand tile needs before its left operand: ``(B^T tile [RP, BLOCK_N], y
+    pointers, y mask, y's old values or zeros)`` (loaded ahead of the shrink's result: under
+    PDL while the shrink still runs)."""
+    offs_r = tl.arange(0, RP)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < n_slice
+    b_ptrs = b_base + offs_r[:, None] + offs_n[None, :] * stride_bn
+    if EVEN_N and EVEN_R:
+        bt = tl.load(b_ptrs)
+    else:
+        bt = tl.load(b_ptrs, mask=(offs_r[:, None] < r_lim) & n_ok[None, :], other=0.0)
+    y_ptrs = y_ptr + rows.to(tl.int64)[:, None] * stride_ym + (col0 + offs_n)[None, :]
+    if EVEN_N:
+        y_mask = row_ok[:, None]
+    else:
+        y_mask = row_ok[:, None] & n_ok[None, :]
+    y_old = tl.zeros([BM, BLOCK_N], dtype=tl.float32)
+    if ADD_INPUTS:
+        y_old = tl.load(y_ptrs, mask=y_mask, other=0.0).to(tl.float32)
+    return bt, y_ptrs, y_mask, y_old
+
+
+@triton.jit
+def _expand_store(inter, bt, y_ptrs, y_mask, y_old, ADD_INPUTS: tl.constexpr):
+    """``y = (y_old +) inter @ B^T``, ``inter`` (fp32 ``[BM, RP]``) rounded to B's dtype."""
+    acc = tl.dot(inter.to(bt.dtype), bt)
+    if ADD_INPUTS:
+        acc += y_old
+    tl.store(y_ptrs, acc.to(y_ptrs.dtype.element_ty), mask=y_mask)
+
+
 @triton.jit(do_not_specialize=["num_tokens", "split_k"])
 def _dense_lora_expand_kernel(
     y_ptr, b0_ptr, b1_ptr, b2_ptr, part_ptr,
@@ -119,22 +172,10 @@ def _dense_lora_expand_kernel(
     pid_n = tl.program_id(0)
     pid_b = tl.program_id(1)
     pid_slice = tl.program_id(2)
-    n_slice = n0
-    col0 = 0
-    b_base = b0_ptr
-    stride_bl = stride_bl0
-    if NUM_SLICES >= 2:
-        if pid_slice == 1:
-            n_slice = n1
-            col0 = n0
-            b_base = b1_ptr
-            stride_bl = stride_bl1
-    if NUM_SLICES == 3:
-        if pid_slice == 2:
-            n_slice = n2
-            col0 = n0 + n1
-            b_base = b2_ptr
-            stride_bl = stride_bl2
+    b_base, n_slice, col0 = _pick_slice(pid_slice, b0_ptr, b1_ptr, b2_ptr, n0, n1, n2,
+                                        NUM_SLICES)
+    stride_bl, _, _ = _pick_slice(pid_slice, stride_bl0, stride_bl1, stride_bl2, n0, n1, n2,
+                                  NUM_SLICES)
     if pid_n * BLOCK_N >= n_slice:
         return
     live, slot, rows, pos, row_ok = _group_block(
@@ -142,28 +183,14 @@ def _dense_lora_expand_kernel(
         group_start_ptr, slot_live_ptr, BM, G_P2, HAS_LIVE)
     if live == 0:
         return
+    r_lim = slot_rank(rank, slot_live_ptr, slot, LIVE_RANKS)
+    bt, y_ptrs, y_mask, y_old = _expand_operands(
+        y_ptr, b_base + slot.to(tl.int64) * stride_bl, rows, row_ok, pid_n, n_slice, col0, r_lim,
+        stride_ym, stride_bn, BM, RP, BLOCK_N, EVEN_N, EVEN_R, ADD_INPUTS)
     offs_r = tl.arange(0, RP)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = offs_n < n_slice
-    b_ptrs = b_base + slot.to(tl.int64) * stride_bl + offs_r[:, None] + offs_n[None, :] * stride_bn
-    if EVEN_N and EVEN_R:
-        bt = tl.load(b_ptrs)
-    else:
-        r_lim = slot_rank(rank, slot_live_ptr, slot, LIVE_RANKS)
-        bt = tl.load(b_ptrs, mask=(offs_r[:, None] < r_lim) & n_ok[None, :], other=0.0)
-    y_ptrs = y_ptr + rows.to(tl.int64)[:, None] * stride_ym + (col0 + offs_n)[None, :]
-    if EVEN_N:
-        y_mask = row_ok[:, None]
-    else:
-        y_mask = row_ok[:, None] & n_ok[None, :]
-    if ADD_INPUTS:
-        y_old = tl.load(y_ptrs, mask=y_mask, other=0.0)
     p_ptrs = part_ptr + pos.to(tl.int64)[:, None] * stride_pm + pid_slice * RP + offs_r[None, :]
     inter = split_k_sum(p_ptrs, row_ok, split_k, stride_ps, USE_PDL)
-    acc = tl.dot(inter.to(bt.dtype), bt)
-    if ADD_INPUTS:
-        acc += y_old.to(tl.float32)
-    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=y_mask)
+    _expand_store(inter, bt, y_ptrs, y_mask, y_old, ADD_INPUTS)
 
 
 @triton.jit(do_not_specialize=["num_tokens"])
@@ -185,25 +212,11 @@ def _dense_lora_fused_kernel(
     pid_n = tl.program_id(0)
     pid_b = tl.program_id(1)
     pid_slice = tl.program_id(2)
-    n_slice = n0
-    col0 = 0
-    a_base = a0_ptr
-    b_base = b0_ptr
-    stride_bl = stride_bl0
-    if NUM_SLICES >= 2:
-        if pid_slice == 1:
-            n_slice = n1
-            col0 = n0
-            a_base = a1_ptr
-            b_base = b1_ptr
-            stride_bl = stride_bl1
-    if NUM_SLICES == 3:
-        if pid_slice == 2:
-            n_slice = n2
-            col0 = n0 + n1
-            a_base = a2_ptr
-            b_base = b2_ptr
-            stride_bl = stride_bl2
+    b_base, n_slice, col0 = _pick_slice(pid_slice, b0_ptr, b1_ptr, b2_ptr, n0, n1, n2,
+                                        NUM_SLICES)
+    stride_bl, _, _ = _pick_slice(pid_slice, stride_bl0, stride_bl1, stride_bl2, n0, n1, n2,
+                                  NUM_SLICES)
+    a_base, _, _ = _pick_slice(pid_slice, a0_ptr, a1_ptr, a2_ptr, n0, n1, n2, NUM_SLICES)
     if pid_n * BLOCK_N >= n_slice:
         return
     live, slot, rows, pos, row_ok = _group_block(
@@ -212,25 +225,12 @@ def _dense_lora_fused_kernel(
     if live == 0:
         return
     r_lim = slot_rank(rank, slot_live_ptr, slot, LIVE_RANKS)
+    bt, y_ptrs, y_mask, y_old = _expand_operands(
+        y_ptr, b_base + slot.to(tl.int64) * stride_bl, rows, row_ok, pid_n, n_slice, col0, r_lim,
+        stride_ym, stride_bn, BM, RP, BLOCK_N, EVEN_N, EVEN_R, ADD_INPUTS)
     inter = shrink_tile(x_ptr, a_base + slot.to(tl.int64) * stride_al, rows.to(tl.int64), row_ok,
                         0, in_features, in_features, r_lim, stride_xm, stride_ar, BM, RP,
                         BLOCK_K, EVEN_K, EVEN_R)
     if HAS_SCALE:
         inter *= scale
-    offs_r = tl.arange(0, RP)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = offs_n < n_slice
-    b_ptrs = b_base + slot.to(tl.int64) * stride_bl + offs_r[:, None] + offs_n[None, :] * stride_bn
-    if EVEN_N and EVEN_R:
-        bt = tl.load(b_ptrs)
-    else:
-        bt = tl.load(b_ptrs, mask=(offs_r[:, None] < r_lim) & n_ok[None, :], other=0.0)
-    y_ptrs = y_ptr + rows.to(tl.int64)[:, None] * stride_ym + (col0 + offs_n)[None, :]
-    if EVEN_N:
-        y_mask = row_ok[:, None]
-    else:
-        y_mask = row_ok[:, None] & n_ok[None, :]
-    acc = tl.dot(inter.to(bt.dtype), bt)
-    if ADD_INPUTS:
-        acc += tl.load(y_ptrs, mask=y_mask, other=0.0).to(tl.float32)
-    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=y_mask)
+    _expand_store(inter, bt, y_ptrs, y_mask, y_old, ADD_INPUTS)
