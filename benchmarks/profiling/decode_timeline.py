@@ -39,11 +39,17 @@ class Cost:
     launches: float = 0.0
     busy_us: float = 0.0
     idle_us: float = 0.0
+    blocks_per_sm: float | None = None  # the smallest seen (the profiler's figure)
 
     def add(self, other: Cost, weight: float) -> None:
         self.launches += other.launches * weight
         self.busy_us += other.busy_us * weight
         self.idle_us += other.idle_us * weight
+        self.blocks_per_sm = _least(self.blocks_per_sm, other.blocks_per_sm)
+
+
+def _least(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else min(a, b)
 
 
 def split_at_starts(kernels: list[Kernel], pattern: str) -> list[Step]:
@@ -77,6 +83,7 @@ def step_costs(step: Step, key) -> dict[str, Cost]:
         c = out[key(k)]
         c.launches += 1
         c.busy_us += k.end - k.start
+        c.blocks_per_sm = _least(c.blocks_per_sm, k.blocks_per_sm)
         if end is not None and k.start > end:
             c.idle_us += k.start - end
         end = k.end if end is None else max(end, k.end)
@@ -145,16 +152,19 @@ def _cost_table(title: str, columns: list[Column], key, top: int | None) -> dict
     order = sorted(names, key=lambda n: -abs(added(n)))
     if top:
         order = order[:top]
-    print(f"\n{title}: per decode step, launches / kernel µs / idle µs before them")
-    print("| " + " | ".join(["name", *[c.label for c in columns], "added µs (kernel + idle)"])
-          + " |")
-    print("|---|" + "---|" * (len(columns) + 1))
+    print(f"\n{title}: per decode step, launches / kernel µs / idle µs before them; the "
+          f"fewest blocks per SM a launch had ({columns[0].label}; below 1: SMs left idle)")
+    print("| " + " | ".join(["name", *[c.label for c in columns], "added µs (kernel + idle)",
+                             "blocks/SM"]) + " |")
+    print("|---|" + "---|" * (len(columns) + 2))
     for n in order:
         cells = []
         for cs in costs:
             c = cs.get(n, Cost())
             cells.append(f"{c.launches:.0f} / {c.busy_us:.1f} / {c.idle_us:.1f}")
-        print(f"| `{n[:70]}` | " + " | ".join(cells) + f" | {added(n):+.1f} |")
+        bps = costs[0].get(n, Cost()).blocks_per_sm
+        print(f"| `{n[:70]}` | " + " | ".join(cells) + f" | {added(n):+.1f} | "
+              + ("-" if bps is None else f"{bps:.2f}") + " |")
     return {c.label: {n: vars(v) for n, v in cs.items()} for c, cs in zip(columns, costs)}
 
 
@@ -170,14 +180,16 @@ def print_layer(columns: list[Column], layer: int) -> dict:
         t0 = ks[0].start
         print(f"\n{col.label}: layer {layer} of the median step ({len(ks)} kernels, "
               f"{(ks[-1].end - t0):.1f} µs to the last kernel's end)")
-        print("| start µs | kernel µs | idle before µs | family | kernel |")
-        print("|---|---|---|---|---|")
+        print("| start µs | kernel µs | idle before µs | blocks/SM | family | kernel |")
+        print("|---|---|---|---|---|---|")
         rows, end = [], t0
         for k in ks:
             rows.append({"name": k.name, "start_us": k.start - t0, "dur_us": k.end - k.start,
-                         "idle_us": max(0.0, k.start - end), "family": kernel_family(k.name)})
+                         "idle_us": max(0.0, k.start - end), "family": kernel_family(k.name),
+                         "blocks_per_sm": k.blocks_per_sm})
             r = rows[-1]
-            print(f"| {r['start_us']:.1f} | {r['dur_us']:.1f} | {r['idle_us']:.1f} | "
+            bps = "-" if k.blocks_per_sm is None else f"{k.blocks_per_sm:.2f}"
+            print(f"| {r['start_us']:.1f} | {r['dur_us']:.1f} | {r['idle_us']:.1f} | {bps} | "
                   f"{r['family']} | `{k.name[:60]}` |")
             end = max(end, k.end)
         out[col.label] = rows

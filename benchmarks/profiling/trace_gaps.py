@@ -29,6 +29,7 @@ class Kernel:
     end: float
     correlation: int | None = None
     launched_by: str = "?"
+    blocks_per_sm: float | None = None  # the profiler's "blocks per SM": < 1 leaves SMs idle
 
 
 @dataclass
@@ -70,8 +71,9 @@ def kernels_of(events: list[dict]) -> list[Kernel]:
             if corr is not None:
                 launches[corr] = (e.get("tid"), e["ts"])
         elif cat == "kernel":
+            args = e.get("args", {})
             kernels.append(Kernel(e["name"], e["ts"], e["ts"] + e.get("dur", 0),
-                                  e.get("args", {}).get("correlation")))
+                                  args.get("correlation"), blocks_per_sm=args.get("blocks per SM")))
     for ops in ops_by_tid.values():
         ops.sort()
     for k in kernels:

@@ -10,7 +10,9 @@ from benchmarks.profiling.decode_timeline import main, report
 
 
 def _kernel(name: str, ts: float, dur: float) -> dict:
-    return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur, "tid": 7}
+    blocks = 0.5 if name.startswith("_dense") else 2.0  # the profiler's "blocks per SM"
+    return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur, "tid": 7,
+            "args": {"blocks per SM": blocks}}
 
 
 def _write(path, steps: list[list[tuple[str, float, float]]], step_period: float = 1000.0):
@@ -46,7 +48,9 @@ def test_decode_steps_costs_and_layer(tmp_path, capsys):
     assert out["summary"]["with"]["busy_ms"] == pytest.approx((3 * 70 + 3 * 5) / 1e3)
     assert out["summary"]["with"]["idle_ms"] == pytest.approx(3 * 2 / 1e3)
     gemm = out["kernels"]["with"]["fused_moe_kernel"]
-    assert gemm == {"launches": 3, "busy_us": 120, "idle_us": 6}  # the gaps it ended
+    assert gemm == {"launches": 3, "busy_us": 120, "idle_us": 6,  # the gaps it ended
+                    "blocks_per_sm": 2.0}
+    assert out["kernels"]["with"]["_dense_lora_shrink_kernel"]["blocks_per_sm"] == 0.5
     assert out["families"]["with"]["dense LoRA (loraplex)"]["launches"] == 3
     assert "dense LoRA (loraplex)" not in out["families"]["off"]
     layer = out["layer"]["with"]
