@@ -10,7 +10,10 @@ A layer config holds the block size shared by the four ops, whether the expand l
 programmatic dependent launch (``pdl``), whether rows skip the sort (``naive``, one row per block,
 for tiny batches), whether the sort runs as the parallel two-launch variant (``align_parallel``,
 large batches; absent: false), whether a naive layout runs each projection as one fused launch
-(``fused``, ``kernels.moe_lora.fused``; absent: false) and one entry per op::
+(``fused``, ``kernels.moe_lora.fused``; absent: false), whether a naive layout's gate_up expand
+with the activation folded in also does the down shrink (``fold_down``; absent: false;
+``LORAPLEX_MOE_FOLD_DOWN=1`` turns it on for every naive layout, for measuring it) and one entry
+per op::
 
     {"block_m": 16, "pdl": false, "naive": false, "align_parallel": false,
      "shrink13": {"block_k": 64, "split_k": 8, "num_warps": 4, "num_stages": 3},
@@ -29,6 +32,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -80,7 +84,7 @@ def parse_layer_config(raw: dict) -> dict:
     out = {"block_m": int(raw["block_m"]), "pdl": bool(raw.get("pdl", False)),
            "naive": bool(raw.get("naive", False)),
            "align_parallel": bool(raw.get("align_parallel", False)),
-           "fused": bool(raw.get("fused", False))}
+           "fused": bool(raw.get("fused", False)), "fold_down": bool(raw.get("fold_down", False))}
     for op in OPS:
         out[op] = OpConfig(**raw[op])
     return out
@@ -91,10 +95,20 @@ def dump_layer_config(cfg: dict) -> dict:
     out = {"block_m": cfg["block_m"], "pdl": bool(cfg.get("pdl", False)),
            "naive": bool(cfg.get("naive", False)),
            "align_parallel": bool(cfg.get("align_parallel", False)),
-           "fused": bool(cfg.get("fused", False))}
+           "fused": bool(cfg.get("fused", False)), "fold_down": bool(cfg.get("fold_down", False))}
     for op in OPS:
         out[op] = asdict(cfg[op])
     return out
+
+
+FOLD_DOWN_ENV = "LORAPLEX_MOE_FOLD_DOWN"
+
+
+def folds_down(cfg: dict) -> bool:
+    """Whether a naive layout of this config folds the down shrink into the gate_up expand:
+    the config says so, or ``LORAPLEX_MOE_FOLD_DOWN`` is set to a true value."""
+    return bool(cfg.get("fold_down")) or os.environ.get(FOLD_DOWN_ENV, "").strip().lower() in {
+        "1", "true", "on", "yes"}
 
 
 def open_config_file(path: Path, device_name: str) -> dict:

@@ -6,7 +6,10 @@ Rows are sorted into (adapter, expert) blocks by ``kernels.moe_lora.align`` (one
   (fp32 partial sums, one per split-K part: no atomics, no zero-fill, deterministic),
 - expand: ``y[row_i, slice*N + n] += scale_a * (w_row) * sum_j (sum_s part[s, ...]) * B[a, e, n, j]``
   (the split-K reduction is done while loading the expand's left operand; the add is fused;
-  with ``act``, GPT-OSS's swiglu of the sum goes to ``act`` instead: ``triton_moe_lora_act``).
+  with ``act``, GPT-OSS's swiglu of the sum goes to ``act`` instead: ``triton_moe_lora_act``;
+  with FOLD_DOWN also the down shrink of those ``act`` columns, ``part2[n-block, row, j] =
+  sum_{c in the block} act[row, c] * A2[a, e, j, c]``: the down expand then reads these
+  partials, one per gate_up n-block, and the down shrink launch is gone).
 
 Layouts (vLLM's MoE-LoRA stacks, and ``kernels/reference.py``):
 ``A [L, E, r, in]``, ``B [L, E, N, r]``; ``x`` is ``[M, H]`` for gate_up (row ``t*K+k`` reads token
@@ -114,17 +117,18 @@ def _moe_lora_shrink_kernel(
 
 @triton.jit(do_not_specialize=["split_k"])
 def _moe_lora_expand_kernel(
-    y_ptr, act_ptr, b0_ptr, b1_ptr, part_ptr, scale_ptr, topk_w_ptr,
+    y_ptr, act_ptr, b0_ptr, b1_ptr, part_ptr, scale_ptr, topk_w_ptr, a2_ptr, part2_ptr,
     sorted_rows_ptr, block_pair_ptr, block_nrows_ptr, num_blocks_ptr,
     topk_ids_ptr, token_lora_ptr, enabled_ptr, row_map_ptr, top_k,
     out_features, rank, num_experts, split_k,
     stride_ym, stride_am, stride_bl, stride_be, stride_bn,
     stride_ps, stride_pm, swiglu_alpha, swiglu_limit,
+    stride_a2l, stride_a2e, stride_a2r, stride_p2s, stride_p2m,
     BM: tl.constexpr, RP: tl.constexpr, BLOCK_N: tl.constexpr,
     EVEN_N: tl.constexpr, EVEN_R: tl.constexpr, NUM_SLICES: tl.constexpr,
     HAS_SCALE: tl.constexpr, MUL_ROUTED_WEIGHT: tl.constexpr, ADD_INPUTS: tl.constexpr,
     NAIVE: tl.constexpr, USE_PDL: tl.constexpr, SWIGLU: tl.constexpr, ROW_MAP: tl.constexpr,
-    SLOT_RANKS: tl.constexpr,
+    SLOT_RANKS: tl.constexpr, FOLD_DOWN: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_b = tl.program_id(1)
@@ -181,8 +185,17 @@ def _moe_lora_expand_kernel(
         gate, up = tl.split(tl.reshape(z, (BM, BLOCK_N // 2, 2)))
         offs_h = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
         a_ptrs = act_ptr + out_rows.to(tl.int64)[:, None] * stride_am + offs_h[None, :]
-        a_mask = row_ok[:, None] & (offs_h < out_features // 2)[None, :]
-        tl.store(a_ptrs, swiglu_oai(gate, up, swiglu_alpha, swiglu_limit).to(
-            act_ptr.dtype.element_ty), mask=a_mask)
+        h_ok = offs_h < out_features // 2
+        h = swiglu_oai(gate, up, swiglu_alpha, swiglu_limit).to(act_ptr.dtype.element_ty)
+        tl.store(a_ptrs, h, mask=row_ok[:, None] & h_ok[None, :])
+        if FOLD_DOWN:  # the down shrink of these act columns: split-K part pid_n of its partials
+            r2_lim = slot_rank(rank, enabled_ptr, slot, SLOT_RANKS)
+            a2_ptrs = (a2_ptr + slot.to(tl.int64) * stride_a2l + expert.to(tl.int64) * stride_a2e
+                       + offs_r[:, None] * stride_a2r + offs_h[None, :])
+            a2t = tl.load(a2_ptrs, mask=(offs_r[:, None] < r2_lim) & h_ok[None, :], other=0.0)
+            hp = tl.dot(tl.where(h_ok[None, :], h, 0.0).to(a2t.dtype), tl.trans(a2t))
+            p2_ptrs = (part2_ptr + pid_n * stride_p2s
+                       + (pid_b * BM + offs_m)[:, None] * stride_p2m + offs_r[None, :])
+            tl.store(p2_ptrs, hp, mask=row_ok[:, None])
     else:
         tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=y_mask)

@@ -136,17 +136,32 @@ def moe_lora_expand(
                      row_map=row_map)
 
 
+def down_part_for_fold(lora_b13: torch.Tensor | Sequence[torch.Tensor], lora_a2: torch.Tensor,
+                       blocks: MoELoRABlocks, cfg13: OpConfig) -> torch.Tensor:
+    """The down shrink's fp32 partials ``[n-blocks of gate_up, max_blocks*BM, RP]`` that a
+    gate_up expand with the activation writes when it folds the down shrink in
+    (``expand_with_plan(..., down_a=, down_part=)``); the down expand reads them as its
+    split-K parts."""
+    b = as_slices(lora_b13)[0]
+    n = b.shape[-2]
+    block_n = min(cfg13.block_n, max(16, next_pow2(n)))
+    return torch.empty((cdiv(n, block_n), blocks.max_blocks * blocks.block_m,
+                        rank_pad(lora_a2.shape[-2])), dtype=torch.float32, device=b.device)
+
+
 def expand_with_plan(y, part, lora_b, blocks, cfg, scaling=None, topk_weights=None,
                      add_inputs=True, use_pdl=False, act=None,
                      swiglu=(SWIGLUOAI_ALPHA, SWIGLUOAI_LIMIT),
-                     row_map=None) -> PreparedLaunch | None:
+                     row_map=None, down_a=None, down_part=None) -> PreparedLaunch | None:
     """``moe_lora_expand`` returning the prepared launch it used (None: nothing launched). A
-    prepared launch takes ``(y, act, B0, B1, part, scale, weights, *block tables, row map)``
-    anew.
+    prepared launch takes ``(y, act, B0, B1, part, scale, weights, A2, part2, *block tables,
+    row map)`` anew.
 
     ``act [M*K, N/2]``: write the rows' swiglu ``(alpha, limit)`` activation there instead of
     ``y`` (one slice of N interleaved gate/up columns; ``kernels.moe_lora.activation``), at
-    the same rows as ``y`` (``row_map``)."""
+    the same rows as ``y`` (``row_map``). With ``act``, ``down_a`` (the down projection's ``A
+    [L, E, r, N/2]``) and ``down_part`` (``down_part_for_fold``): the down shrink of those
+    activations is folded in, its partials written to ``down_part``."""
     b = as_slices(lora_b)
     num_slices = len(b)
     bl = blocks
@@ -155,19 +170,24 @@ def expand_with_plan(y, part, lora_b, blocks, cfg, scaling=None, topk_weights=No
     tw = topk_weights.reshape(-1) if topk_weights is not None else part
     sc = scaling if scaling is not None else part
     ac = act if act is not None else y
+    fold = down_a is not None
+    assert not fold or (act is not None and down_part is not None)
+    a2 = down_a if fold else part
+    p2 = down_part if fold else part
     rm = row_map_arg(row_map, bl.topk_ids, bl.num_rows)
     key = (cfg, bl.max_blocks, bl.block_m, bl.naive, bl.slot_ranks, bl.top_k, bl.num_experts,
            y.stride(0), y.dtype, b[0].shape,
            b[0].stride(), num_slices, part.shape, scaling is not None, topk_weights is not None,
            tw.dtype, sc.dtype, add_inputs, use_pdl, act is not None, ac.stride(0), ac.dtype,
-           swiglu, row_map is not None,
-           aligned16(y, ac, b[0], b[-1], part, sc, tw, bl.topk_ids, bl.token_lora, bl.enabled,
-                     rm))
+           swiglu, row_map is not None, fold, a2.stride() if fold else None, p2.shape,
+           aligned16(y, ac, b[0], b[-1], part, sc, tw, a2, p2, bl.topk_ids, bl.token_lora,
+                     bl.enabled, rm))
     plan = _EXPAND_PLANS.get(key)
     blocks_args = (bl.sorted_rows, bl.block_pair, bl.block_nrows, bl.num_blocks, bl.topk_ids,
                    bl.token_lora, bl.enabled)
     if plan is not None:
-        plan.launch(raw_stream(y.device), y, ac, b[0], b[-1], part, sc, tw, *blocks_args, rm)
+        plan.launch(raw_stream(y.device), y, ac, b[0], b[-1], part, sc, tw, a2, p2,
+                    *blocks_args, rm)
         return plan
     out_features, rank = b[0].shape[-2], b[0].shape[-1]
     rp = rank_pad(rank)
@@ -178,17 +198,26 @@ def expand_with_plan(y, part, lora_b, blocks, cfg, scaling=None, topk_weights=No
     block_n = min(cfg.block_n, max(16, next_pow2(out_features)))
     if act is not None:
         assert num_slices == 1 and out_features % 2 == 0 and act.shape[-1] >= out_features // 2
+    if fold:
+        assert block_n >= 32, "the fold's dot needs 16 activation columns per program"
+        assert a2.shape[-1] == out_features // 2 and a2.stride(-1) == 1
+        assert a2.shape[-2] == rank, "the fold reads A2 up to the gate_up stack's rank"
+        assert p2.shape == (cdiv(out_features, block_n), bl.max_blocks * bl.block_m, rp), \
+            (p2.shape, "down_part_for_fold gives the partials' shape")
+    p2_strides = (p2.stride(0), p2.stride(1)) if fold else (0, 0)
+    a2_strides = (a2.stride(0), a2.stride(1), a2.stride(2)) if fold else (0, 0, 0)
     return _EXPAND_PLANS.launch_new(
         key, (cdiv(out_features, block_n), bl.max_blocks, num_slices),
-        (y, ac, b[0], b[-1], part, sc, tw, *blocks_args, rm, bl.top_k,
+        (y, ac, b[0], b[-1], part, sc, tw, a2, p2, *blocks_args, rm, bl.top_k,
          out_features, rank, bl.num_experts, part.shape[0],
          y.stride(0), ac.stride(0), b[0].stride(0), b[0].stride(1), b[0].stride(2),
-         part.stride(0), part.stride(1), float(swiglu[0]), float(swiglu[1])),
+         part.stride(0), part.stride(1), float(swiglu[0]), float(swiglu[1]),
+         *a2_strides, *p2_strides),
         dict(BM=bl.block_m, RP=rp, BLOCK_N=block_n,
              EVEN_N=out_features % block_n == 0, EVEN_R=rank == rp and not ranked,
              NUM_SLICES=num_slices,
              HAS_SCALE=scaling is not None, MUL_ROUTED_WEIGHT=topk_weights is not None,
              ADD_INPUTS=add_inputs, NAIVE=bl.naive, USE_PDL=use_pdl, SWIGLU=act is not None,
-             ROW_MAP=row_map is not None, SLOT_RANKS=ranked, num_warps=cfg.num_warps,
-             num_stages=cfg.num_stages, launch_pdl=use_pdl),
-        lead=8 + len(blocks_args))
+             ROW_MAP=row_map is not None, SLOT_RANKS=ranked, FOLD_DOWN=fold,
+             num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=use_pdl),
+        lead=10 + len(blocks_args))

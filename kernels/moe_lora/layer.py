@@ -85,7 +85,7 @@ class MoELoRALayer:
                              rank=self.rank, num_slots=self.num_slots, config=cfg,
                              slot_ranks=slot_ranks)
             act_done = ops.add_w13(y13, x, self.a13, self.b13, add_inputs=add_inputs, act=act,
-                                   row_map=row_map)
+                                   row_map=row_map, down_a=self.a2)
             bl = ops.blocks
             if (fast and not ops.fused and not bl.naive and bl.align_plans
                     and ops.launches13 is not None and None not in ops.launches13):
@@ -108,7 +108,7 @@ class MoELoRALayer:
         part = torch.empty(shrink.extra, dtype=torch.float32, device=dev)
         shrink.launch(stream, x, self.a13[0], self.a13[-1], part, *blocks, topk_ids)
         expand.launch(stream, y13, act if act_done else y13, self.b13[0], self.b13[-1], part,
-                      part, part, *blocks, topk_ids if row_map is None else row_map)
+                      part, part, part, part, *blocks, topk_ids if row_map is None else row_map)
         layout = MoELoRABlocks(sorted_rows, block_pair, block_nrows, num_blocks, max_blocks,
                                cfg["block_m"], m * k, k, self.num_experts, False, topk_ids,
                                token_lora, enabled, align_plans, slot_ranks)
@@ -169,7 +169,8 @@ class MoELoRAStep:
         part = torch.empty(shrink.extra, dtype=torch.float32, device=h.device)
         shrink.launch(stream, h, layer.a2, layer.a2, part, *blocks,
                       bl.topk_ids if rmap is None else rmap)
-        expand.launch(stream, y2, y2, layer.b2, layer.b2, part, part, tw, *blocks, bl.topk_ids)
+        expand.launch(stream, y2, y2, layer.b2, layer.b2, part, part, tw, part, part, *blocks,
+                      bl.topk_ids)
 
 
 _SIGNATURES: dict[tuple, int] = {}

@@ -14,9 +14,9 @@ import torch
 from kernels.lora_tiles import as_slices, pdl_supported
 from kernels.moe_lora.activation import swiglu_rows_without_lora
 from kernels.moe_lora.align import ALIGN_CHUNKS, PARALLEL_CHUNK, align_moe_lora
-from kernels.moe_lora.configs import get_layer_config
+from kernels.moe_lora.configs import folds_down, get_layer_config
 from kernels.moe_lora.fused import moe_lora_fused
-from kernels.moe_lora.launch import expand_with_plan, shrink_with_plan
+from kernels.moe_lora.launch import down_part_for_fold, expand_with_plan, shrink_with_plan
 
 
 class MoELoRAOps:
@@ -52,11 +52,17 @@ class MoELoRAOps:
                                      int(self.cfg["block_m"]), naive=bool(self.cfg.get("naive")),
                                      parallel=bool(self.cfg.get("align_parallel")),
                                      slot_ranks=slot_ranks)
+        self._init_state()
+
+    def _init_state(self) -> None:
         self.fused = self.blocks.naive and bool(self.cfg.get("fused"))
+        self.fold_down = self.blocks.naive and not self.fused and folds_down(self.cfg)
         # (shrink, expand) prepared launches of each projection's op pair, once it has run
-        # (the shrink's ``extra`` is its partials' shape)
+        # (the shrink's ``extra`` is its partials' shape; None: not launched)
         self.launches13: tuple | None = None
         self.launches2: tuple | None = None
+        # the down shrink's partials when the gate_up expand folded it in
+        self.down_part: torch.Tensor | None = None
 
     @staticmethod
     def config_for(num_tokens: int, **shape) -> dict:
@@ -69,19 +75,22 @@ class MoELoRAOps:
         """The ops on a block layout already built (``MoELoRABlocks``) with its config."""
         ops = cls.__new__(cls)
         ops.cfg, ops.use_pdl, ops.blocks = cfg, use_pdl, blocks
-        ops.fused = blocks.naive and bool(cfg.get("fused"))
-        ops.launches13 = ops.launches2 = None
+        ops._init_state()
         return ops
 
     def add_w13(self, y13: torch.Tensor, x: torch.Tensor, a13, b13,
                 scaling: torch.Tensor | None = None, add_inputs: bool = True,
-                act: torch.Tensor | None = None, row_map: torch.Tensor | None = None) -> bool:
+                act: torch.Tensor | None = None, row_map: torch.Tensor | None = None,
+                down_a: torch.Tensor | None = None) -> bool:
         """gate_up: ``y13 [M*K, 2I] (+)= scale * (x A13^T) B13^T`` for rows with expert LoRA;
         with ``act [M*K, I]`` and one slice, those rows' GPT-OSS swiglu is written there instead
         (``kernels.moe_lora.activation``). Returns whether it was (not by the fused tiny-batch
         launch, nor for two slices: they add into ``y13``). ``row_map [M*K]`` int32: row
         ``t*K+k`` of ``y13`` / ``act`` is ``row_map[t*K+k]``
-        (``kernels.moe_lora.kernels``)."""
+        (``kernels.moe_lora.kernels``). ``down_a`` (the down projection's A): where this layout
+        folds the down shrink in (``fold_down``) and ``act`` is written, the expand also computes
+        the down shrink of those activations; ``add_w2`` then skips its shrink (it must get
+        that ``act`` as its input)."""
         b13 = as_slices(b13)
         if act is not None and (self.fused or len(b13) != 1):
             act = None
@@ -91,9 +100,13 @@ class MoELoRAOps:
             return False
         part, shrink = shrink_with_plan(x, a13, self.blocks, self.blocks.top_k,
                                         self.cfg["shrink13"], use_pdl=self.use_pdl)
+        fold = self.fold_down and act is not None and down_a is not None
+        self.down_part = (down_part_for_fold(b13, down_a, self.blocks, self.cfg["expand13"])
+                          if fold else None)
         expand = expand_with_plan(y13, part, b13, self.blocks, self.cfg["expand13"],
                                   scaling=scaling, add_inputs=add_inputs, use_pdl=self.use_pdl,
-                                  act=act, row_map=row_map)
+                                  act=act, row_map=row_map, down_a=down_a if fold else None,
+                                  down_part=self.down_part)
         self.launches13 = (shrink, expand)
         return act is not None
 
@@ -106,6 +119,12 @@ class MoELoRAOps:
             moe_lora_fused(y2, h, a2, b2, self.blocks, 1, scaling=scaling,
                            topk_weights=topk_weights, add_inputs=add_inputs, row_map=row_map,
                            map_rows_of="x")
+            return
+        if self.down_part is not None:  # the gate_up expand did the shrink: no PDL wait
+            expand = expand_with_plan(y2, self.down_part, b2, self.blocks, self.cfg["expand2"],
+                                      scaling=scaling, topk_weights=topk_weights,
+                                      add_inputs=add_inputs, use_pdl=False)
+            self.launches2 = (None, expand)
             return
         part, shrink = shrink_with_plan(h, a2, self.blocks, 1, self.cfg["shrink2"],
                                         use_pdl=self.use_pdl, row_map=row_map)
@@ -157,8 +176,12 @@ def warm_up(
         ops.add_w13(y13, x, a13, b13, row_map=rmap)
         if mxfp4 and len(b13) == 1:
             act = torch.empty(m * top_k, n13 // 2, dtype=a13[0].dtype, device=dev)
-            ops.add_w13(y13, x, a13, b13, act=act, row_map=rmap)
+            ops.add_w13(y13, x, a13, b13, act=act, row_map=rmap, down_a=lora_a2)
             swiglu_rows_without_lora(act, y13, ids, lora, enabled, num_experts, row_map=rmap)
+            if ops.down_part is not None:  # the folded down's expand
+                ops.add_w2(torch.zeros(m * top_k, hidden, dtype=a13[0].dtype, device=dev), act,
+                           lora_a2, lora_b2, torch.ones(m, top_k, device=dev), row_map=rmap)
+                ops.down_part = None
         y2 = torch.zeros(m * top_k, hidden, dtype=a13[0].dtype, device=dev)
         ops.add_w2(y2, torch.zeros(m * top_k, inter, dtype=a13[0].dtype, device=dev), lora_a2,
                    lora_b2, torch.ones(m, top_k, device=dev), row_map=rmap)

@@ -66,7 +66,7 @@ def kernel_variants() -> dict:
                        dict(EVEN_R=True, SLOT_RANKS=False), dict(EVEN_R=False, SLOT_RANKS=True)),
         "moe_expand": (_moe_lora_expand_kernel,
                        dict(moe, BLOCK_N=128, EVEN_N=True, HAS_SCALE=False, MUL_ROUTED_WEIGHT=False,
-                            ADD_INPUTS=True, SWIGLU=False),
+                            ADD_INPUTS=True, SWIGLU=False, FOLD_DOWN=False),
                        dict(EVEN_R=True, SLOT_RANKS=False), dict(EVEN_R=False, SLOT_RANKS=True)),
         "moe_fused": (_moe_lora_fused_kernel,
                       dict(RP=64, BLOCK_K=128, BLOCK_N=64, NUM_SLICES=1, HAS_SCALE=False,

@@ -203,3 +203,50 @@ def test_layer_kept_launches_carry_the_row_map(config, monkeypatch):
     for (y13_p, y2_p), (y13_m, y2_m) in zip(layers["pair"], layers["map"]):
         assert torch.equal(y13_m, y13_p) and torch.equal(y2_m, y2_p)
     assert torch.equal(layers["map"][0][1], layers["map"][1][1])  # the kept launch: same result
+
+
+@pytest.mark.parametrize("with_map", [False, True])
+@pytest.mark.parametrize("tokens", [4, 13])
+def test_down_shrink_folded_into_the_gate_up_expand(with_map, tokens):
+    """``fold_down``: the gate_up expand that writes the activation also does the down shrink
+    (partials per gate_up n-block, the last one partial here); the down op then launches its
+    expand alone. Same activations bit for bit, the same down output up to the summation
+    order, rows of slot 1 (no expert LoRA) and the padding pair untouched."""
+
+    p = problem(tokens, 1, seed=50 + tokens)
+    experts, hidden, inter, rank, slots = p["dims"]
+    rmap = p["row_map"] if with_map else None
+    base = forced_config(16, 2, 16, 32, naive=True)
+    outs = {}
+    for fold in (False, True):
+        cfg = dict(base, fold_down=fold)
+        ops = MoELoRAOps(p["ids"], p["lora"], p["enabled"], experts, hidden, inter, rank, slots,
+                         config=cfg)
+        y13 = p["y13"].clone() if rmap is None else mapped(p["y13"], rmap)
+        act = torch.zeros(y13.shape[0], inter, device=DEV)
+        assert ops.add_w13(y13, p["x"], p["a13"], p["b13"], act=act, row_map=rmap,
+                           down_a=p["a2"])
+        assert (ops.down_part is not None) == fold
+        swiglu_rows_without_lora(act, y13, p["ids"], p["lora"], p["enabled"], experts,
+                                 row_map=rmap)
+        y2 = p["y2"].clone()
+        ops.add_w2(y2, act, p["a2"], p["b2"], p["tw"], row_map=rmap)
+        assert (ops.launches2[0] is None) == fold  # no down shrink launched when folded
+        outs[fold] = act, y2
+    assert torch.equal(outs[True][0], outs[False][0])
+    y2_plain, y2_fold = outs[False][1], outs[True][1]
+    assert not torch.equal(y2_plain, p["y2"])  # the down delta is there
+    assert torch.allclose(y2_fold, y2_plain, rtol=1e-5, atol=1e-5)
+    untouched = (p["lora"].cpu() < 0) | (p["lora"].cpu() == 1)  # no adapter / no expert LoRA
+    rows = torch.nonzero(untouched.repeat_interleave(p["ids"].shape[1])).flatten()
+    assert torch.equal(y2_fold[rows], p["y2"][rows])
+
+
+def test_fold_down_switch(monkeypatch):
+    """A config's ``fold_down``, or ``LORAPLEX_MOE_FOLD_DOWN`` for every naive layout."""
+    from kernels.moe_lora.configs import FOLD_DOWN_ENV, folds_down
+
+    monkeypatch.delenv(FOLD_DOWN_ENV, raising=False)
+    assert not folds_down({}) and folds_down({"fold_down": True})
+    monkeypatch.setenv(FOLD_DOWN_ENV, "1")
+    assert folds_down({})
