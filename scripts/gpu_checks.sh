@@ -45,7 +45,7 @@ fi
 if [ "$WHAT" = timeline ]; then
   for model in $MODELS; do
     flag=""; [ "$model" = gptoss-mxfp4 ] && flag=--mxfp4
-    dir="$OUT/timeline_$model${LORAPLEX_DENSE_FUSED_MAX_M:+_fused}"
+    dir="$OUT/timeline_$model${TIMELINE_TAG:+_$TIMELINE_TAG}"  # TIMELINE_TAG: a variant's name
     python3 -m benchmarks.profiling.step_profile $flag --base-engine --decode-steps 32 --top 25 \
         --decode-trace "$dir" --json "$dir.json" > "$dir.log" 2>&1
     status=$(( status || $? ))
