@@ -43,16 +43,20 @@ if [ "$WHAT" = fused ]; then
   exit "${PIPESTATUS[0]}"
 fi
 if [ "$WHAT" = timeline ]; then
+  # TIMELINE_TAG: a variant's name (its output folder); TIMELINE_BASE=0: no LoRA-off engine
+  base=--base-engine; [ "${TIMELINE_BASE:-1}" = 0 ] && base=""
   for model in $MODELS; do
     flag=""; [ "$model" = gptoss-mxfp4 ] && flag=--mxfp4
-    dir="$OUT/timeline_$model${TIMELINE_TAG:+_$TIMELINE_TAG}"  # TIMELINE_TAG: a variant's name
-    python3 -m benchmarks.profiling.step_profile $flag --base-engine --decode-steps 32 --top 25 \
+    dir="$OUT/timeline_$model${TIMELINE_TAG:+_$TIMELINE_TAG}"
+    python3 -m benchmarks.profiling.step_profile $flag $base --decode-steps 32 --top 25 \
         --decode-trace "$dir" --json "$dir.json" > "$dir.log" 2>&1
     status=$(( status || $? ))
     grep -v "^INFO\|^WARNING\|^(EngineCore\|^DEBUG" "$dir.log" | grep "^|\|^$\|ms per step\|top " | tail -45
-    python3 -m benchmarks.profiling.decode_timeline "with adapters=$dir/decode_with_adapters.json.gz" \
-        "LoRA on, no adapter=$dir/decode_LoRA_on_no_adapter.json.gz" "LoRA off=$dir/decode_LoRA_off.json.gz" --layer 2 --png "$dir.png" --json "$dir.timeline.json" \
-        2>&1 | tee "$dir.timeline.log" | head -60
+    cols=("with adapters=$dir/decode_with_adapters.json.gz"
+          "LoRA on, no adapter=$dir/decode_LoRA_on_no_adapter.json.gz")
+    [ -n "$base" ] && cols+=("LoRA off=$dir/decode_LoRA_off.json.gz")
+    python3 -m benchmarks.profiling.decode_timeline "${cols[@]}" --layer 2 --png "$dir.png" \
+        --json "$dir.timeline.json" 2>&1 | tee "$dir.timeline.log" | head -60
   done
   exit "$status"
 fi
