@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from tests.helpers.triton_interpret import (
+    HAS_CUDA,
     interpreter_unless_cuda,
     interpreter_when_no_gpu,
 )
@@ -236,7 +237,9 @@ def test_down_shrink_folded_into_the_gate_up_expand(with_map, tokens):
     assert torch.equal(outs[True][0], outs[False][0])
     y2_plain, y2_fold = outs[False][1], outs[True][1]
     assert not torch.equal(y2_plain, p["y2"])  # the down delta is there
-    assert torch.allclose(y2_fold, y2_plain, rtol=1e-5, atol=1e-5)
+    # the same products summed in another grouping (tf32 tensor-core dots on a GPU)
+    tol = 5e-3 if HAS_CUDA else 1e-5
+    assert torch.allclose(y2_fold, y2_plain, rtol=tol, atol=tol)
     untouched = (p["lora"].cpu() < 0) | (p["lora"].cpu() == 1)  # no adapter / no expert LoRA
     rows = torch.nonzero(untouched.repeat_interleave(p["ids"].shape[1])).flatten()
     assert torch.equal(y2_fold[rows], p["y2"][rows])
