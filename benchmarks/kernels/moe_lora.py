@@ -198,14 +198,14 @@ def fold_columns(m: int, lay: Layers, ids, slot, enabled, x, y13, y2, tw) -> dic
     """GPT-OSS's path with the activation folded into the gate_up expand, per layer (CUDA-graph
     µs over the layers): gate_up writing ``act`` then down as a shrink + expand pair
     (``act``), against the down shrink folded into that expand (``act_fold``); and the largest
-    difference of the folded down output from the pair's (same inputs). Naive layouts only
-    (the fold's; ``{}`` otherwise)."""
-    from kernels.moe_lora.ops import MoELoRAOps
+    difference of the folded down output from the pair's (same inputs). Decode sizes only
+    (the fold's, ``FOLD_MAX_ROWS``; ``{}`` otherwise)."""
+    from kernels.moe_lora.ops import FOLD_MAX_ROWS, MoELoRAOps
 
     n, dev = lay.n, x.device
     cfg = MoELoRAOps.config_for(m, hidden=H, intermediate=I, num_experts=E, top_k=TOPK, rank=R,
                                 num_slots=NL, device=dev)
-    if not cfg.get("naive") or cfg.get("fused"):
+    if cfg.get("fused") or m * TOPK > FOLD_MAX_ROWS:
         return {}
     act = torch.empty(m * TOPK, I, dtype=torch.bfloat16, device=dev)
     out = {}
@@ -251,7 +251,7 @@ def print_table(rows: list[dict], copy_tbs: float) -> None:
     folded = [r for r in rows if r.get("fold")]
     if folded:
         log("\nGPT-OSS's activation path, gate_up (act) + down, µs per layer: the down shrink "
-            "as its own launch vs folded into the gate_up expand (naive layouts)")
+            "as its own launch vs folded into the gate_up expand (decode sizes)")
         log("| M | act, down pair | act, down folded | × | max abs diff of down's output |")
         log("|---|---|---|---|---|")
         for r in folded:

@@ -10,9 +10,9 @@ A layer config holds the block size shared by the four ops, whether the expand l
 programmatic dependent launch (``pdl``), whether rows skip the sort (``naive``, one row per block,
 for tiny batches), whether the sort runs as the parallel two-launch variant (``align_parallel``,
 large batches; absent: false), whether a naive layout runs each projection as one fused launch
-(``fused``, ``kernels.moe_lora.fused``; absent: false), whether a naive layout's gate_up expand
-with the activation folded in also does the down shrink (``fold_down``; absent: false;
-``LORAPLEX_MOE_FOLD_DOWN=1`` turns it on for every naive layout, for measuring it) and one entry
+(``fused``, ``kernels.moe_lora.fused``; absent: false), whether the gate_up expand with the
+activation folded in also does the down shrink at decode sizes (``fold_down``; absent: false;
+``LORAPLEX_MOE_FOLD_DOWN=1`` turns it on for every config, for measuring it) and one entry
 per op::
 
     {"block_m": 16, "pdl": false, "naive": false, "align_parallel": false,
@@ -105,8 +105,9 @@ FOLD_DOWN_ENV = "LORAPLEX_MOE_FOLD_DOWN"
 
 
 def folds_down(cfg: dict) -> bool:
-    """Whether a naive layout of this config folds the down shrink into the gate_up expand:
-    the config says so, or ``LORAPLEX_MOE_FOLD_DOWN`` is set to a true value."""
+    """Whether this config folds the down shrink into the gate_up expand (at decode sizes,
+    ``kernels.moe_lora.ops.FOLD_MAX_ROWS``): the config says so, or ``LORAPLEX_MOE_FOLD_DOWN``
+    is set to a true value."""
     return bool(cfg.get("fold_down")) or os.environ.get(FOLD_DOWN_ENV, "").strip().lower() in {
         "1", "true", "on", "yes"}
 

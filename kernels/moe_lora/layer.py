@@ -87,14 +87,16 @@ class MoELoRALayer:
             act_done = ops.add_w13(y13, x, self.a13, self.b13, add_inputs=add_inputs, act=act,
                                    row_map=row_map, down_a=self.a2)
             bl = ops.blocks
-            if (fast and not ops.fused and not bl.naive and bl.align_plans
-                    and ops.launches13 is not None and None not in ops.launches13):
+            # a step whose down shrink folded into the gate_up expand is not kept (its launches
+            # write the down's partials: decode sizes, inside CUDA graphs)
+            keep = fast and not ops.fused and not bl.naive and ops.down_part is None
+            if (keep and bl.align_plans and ops.launches13 is not None
+                    and None not in ops.launches13):
                 layout = block_layout(bl.num_rows, enabled.shape[0] * self.num_experts,
                                       bl.block_m, len(bl.align_plans) == 2)
                 self._up.put(key, (layout, bl.align_plans, *ops.launches13, ops.cfg,
                                    ops.use_pdl, act_done))
-            return MoELoRAStep(self, ops, fast and not ops.fused and not bl.naive, act_done,
-                               row_map, sig)
+            return MoELoRAStep(self, ops, keep, act_done, row_map, sig)
         (max_blocks, starts, sizes), align_plans, shrink, expand, cfg, pdl, act_done = call
         dev = x.device
         tables = layout_tables(torch.empty(starts[-1], dtype=torch.int32, device=dev), starts,

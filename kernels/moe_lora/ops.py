@@ -19,6 +19,10 @@ from kernels.moe_lora.fused import moe_lora_fused
 from kernels.moe_lora.launch import down_part_for_fold, expand_with_plan, shrink_with_plan
 
 
+FOLD_MAX_ROWS = 256  # (token, expert) rows up to which the down shrink may fold (decode sizes:
+# its partials hold one part per gate_up n-block for every row block)
+
+
 class MoELoRAOps:
     """The four ops of one MoE layer for one batch, sharing one block layout.
 
@@ -56,7 +60,8 @@ class MoELoRAOps:
 
     def _init_state(self) -> None:
         self.fused = self.blocks.naive and bool(self.cfg.get("fused"))
-        self.fold_down = self.blocks.naive and not self.fused and folds_down(self.cfg)
+        self.fold_down = (not self.fused and self.blocks.num_rows <= FOLD_MAX_ROWS
+                          and folds_down(self.cfg))
         # (shrink, expand) prepared launches of each projection's op pair, once it has run
         # (the shrink's ``extra`` is its partials' shape; None: not launched)
         self.launches13: tuple | None = None

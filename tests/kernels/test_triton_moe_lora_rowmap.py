@@ -206,9 +206,10 @@ def test_layer_kept_launches_carry_the_row_map(config, monkeypatch):
     assert torch.equal(layers["map"][0][1], layers["map"][1][1])  # the kept launch: same result
 
 
+@pytest.mark.parametrize("layout", ["naive", "sorted"])
 @pytest.mark.parametrize("with_map", [False, True])
 @pytest.mark.parametrize("tokens", [4, 13])
-def test_down_shrink_folded_into_the_gate_up_expand(with_map, tokens):
+def test_down_shrink_folded_into_the_gate_up_expand(layout, with_map, tokens):
     """``fold_down``: the gate_up expand that writes the activation also does the down shrink
     (partials per gate_up n-block, the last one partial here); the down op then launches its
     expand alone. Same activations bit for bit, the same down output up to the summation
@@ -217,7 +218,7 @@ def test_down_shrink_folded_into_the_gate_up_expand(with_map, tokens):
     p = problem(tokens, 1, seed=50 + tokens)
     experts, hidden, inter, rank, slots = p["dims"]
     rmap = p["row_map"] if with_map else None
-    base = forced_config(16, 2, 16, 32, naive=True)
+    base = forced_config(16, 2, 16, 32, naive=layout == "naive")
     outs = {}
     for fold in (False, True):
         cfg = dict(base, fold_down=fold)
@@ -253,3 +254,38 @@ def test_fold_down_switch(monkeypatch):
     assert not folds_down({}) and folds_down({"fold_down": True})
     monkeypatch.setenv(FOLD_DOWN_ENV, "1")
     assert folds_down({})
+
+
+def test_layer_does_not_keep_the_launches_of_a_folded_step(monkeypatch):
+    """A sorted layout with the fold on (``LORAPLEX_MOE_FOLD_DOWN``): ``MoELoRALayer`` keeps no
+    launch of such a step (its expand writes the down's partials), so repeat steps go through
+    ``MoELoRAOps`` again and give the unfolded layer's result each time."""
+    import kernels.moe_lora.ops as ops_module
+    from kernels.moe_lora.configs import FOLD_DOWN_ENV
+
+    tokens = 13
+    p = problem(tokens, 1, seed=8)
+    experts, hidden, inter, rank, slots = p["dims"]
+    config = forced_config(16, 2, 16, 32)
+    monkeypatch.setattr(ops_module, "get_layer_config", lambda m, **kw: config)
+    results = {}
+    for fold in (False, True):
+        if fold:
+            monkeypatch.setenv(FOLD_DOWN_ENV, "1")
+        layer = MoELoRALayer(p["a13"], p["b13"], p["a2"], p["b2"], experts, slots)
+        outs = []
+        for _ in range(2):
+            y13 = p["y13"].clone()
+            act = torch.zeros(y13.shape[0], inter, device=DEV)
+            step = layer.gate_up(y13, p["x"], p["ids"], p["lora"], p["enabled"], act=act)
+            assert step.act_done and step.fast is not fold
+            assert (step.ops.down_part is not None) == fold
+            swiglu_rows_without_lora(act, y13, p["ids"], p["lora"], p["enabled"], experts)
+            y2 = p["y2"].clone()
+            step.down(y2, act, p["tw"])
+            outs.append(y2)
+        assert (len(layer._up.plans) == 0) == fold
+        results[fold] = outs
+    tol = 5e-3 if HAS_CUDA else 1e-5
+    for plain, folded in zip(results[False], results[True]):
+        assert torch.allclose(folded, plain, rtol=tol, atol=tol)
