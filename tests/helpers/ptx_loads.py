@@ -14,7 +14,7 @@ import re
 from collections import Counter
 
 PTR_BF16 = {"y_ptr", "act_ptr", "x_ptr", "a0_ptr", "a1_ptr", "a2_ptr", "b0_ptr", "b1_ptr", "b2_ptr"}
-PTR_F32 = {"part_ptr", "scale_ptr", "topk_w_ptr"}
+PTR_F32 = {"part_ptr", "part2_ptr", "scale_ptr", "topk_w_ptr"}
 FLOATS = {"swiglu_alpha", "swiglu_limit", "scale"}
 DIVISIBLE_BY_16 = re.compile(r"^(stride_|out_features|in_features|rank$|n[012]$|k_per_split)")
 LOAD = re.compile(r"ld\.global[.\w]*|cp\.async\.\w+\.shared\.global")
@@ -54,9 +54,10 @@ def compile_loads(fn, constexprs: dict, num_warps: int = 4, num_stages: int = 2)
 
 def kernel_variants() -> dict:
     """``{kernel: (fn, common constexprs, whole-stack constexprs, slot-rank constexprs)}``:
-    decode-size tiles (16 rows, rank-64 stacks) of the MoE shrink / expand / fused kernels and
-    the dense expand."""
-    from kernels.dense_lora.kernels import _dense_lora_expand_kernel
+    decode-size tiles (16 rows, rank-64 stacks) of the MoE shrink / expand (also with the
+    activation and the down shrink folded in) / fused kernels and the dense expand and fused
+    kernels."""
+    from kernels.dense_lora.kernels import _dense_lora_expand_kernel, _dense_lora_fused_kernel
     from kernels.moe_lora.fused import _moe_lora_fused_kernel
     from kernels.moe_lora.kernels import _moe_lora_expand_kernel, _moe_lora_shrink_kernel
 
@@ -68,6 +69,12 @@ def kernel_variants() -> dict:
                        dict(moe, BLOCK_N=128, EVEN_N=True, HAS_SCALE=False, MUL_ROUTED_WEIGHT=False,
                             ADD_INPUTS=True, SWIGLU=False, FOLD_DOWN=False),
                        dict(EVEN_R=True, SLOT_RANKS=False), dict(EVEN_R=False, SLOT_RANKS=True)),
+        "moe_expand_fold": (_moe_lora_expand_kernel,
+                            dict(moe, BLOCK_N=128, EVEN_N=True, HAS_SCALE=False,
+                                 MUL_ROUTED_WEIGHT=False, ADD_INPUTS=True, SWIGLU=True,
+                                 FOLD_DOWN=True),
+                            dict(EVEN_R=True, SLOT_RANKS=False),
+                            dict(EVEN_R=False, SLOT_RANKS=True)),
         "moe_fused": (_moe_lora_fused_kernel,
                       dict(RP=64, BLOCK_K=128, BLOCK_N=64, NUM_SLICES=1, HAS_SCALE=False,
                            MUL_ROUTED_WEIGHT=False, ADD_INPUTS=True, X_MAP=False, Y_MAP=False),
@@ -76,6 +83,11 @@ def kernel_variants() -> dict:
                          dict(BM=16, RP=64, BLOCK_N=128, EVEN_N=True, NUM_SLICES=3, ADD_INPUTS=True,
                               G_P2=16, HAS_LIVE=True, USE_PDL=False),
                          dict(EVEN_R=True, LIVE_RANKS=False), dict(EVEN_R=False, LIVE_RANKS=True)),
+        "dense_fused": (_dense_lora_fused_kernel,
+                        dict(BM=16, RP=64, BLOCK_K=128, BLOCK_N=512, EVEN_K=True, EVEN_N=True,
+                             NUM_SLICES=3, HAS_SCALE=False, ADD_INPUTS=True, G_P2=16,
+                             HAS_LIVE=True),
+                        dict(EVEN_R=True, LIVE_RANKS=False), dict(EVEN_R=False, LIVE_RANKS=True)),
     }
 
 

@@ -22,7 +22,8 @@ def test_slot_rank_variants_keep_their_loads_vectorised():
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     loads = json.loads(run.stdout.strip().splitlines()[-1])
-    assert set(loads) == {"moe_shrink", "moe_expand", "moe_fused", "dense_expand"}
+    assert set(loads) == {"moe_shrink", "moe_expand", "moe_expand_fold", "moe_fused",
+                          "dense_expand", "dense_fused"}
     for kernel, variants in loads.items():
         whole, ranked = variants["whole"], variants["ranked"]
         assert sum(whole.values()) > 0, (kernel, whole)  # the count sees the kernel's loads
