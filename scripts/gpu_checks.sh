@@ -55,7 +55,7 @@ if [ "$WHAT" = timeline ]; then
     cols=("with adapters=$dir/decode_with_adapters.json.gz"
           "LoRA on, no adapter=$dir/decode_LoRA_on_no_adapter.json.gz")
     [ -n "$base" ] && cols+=("LoRA off=$dir/decode_LoRA_off.json.gz")
-    python3 -m benchmarks.profiling.decode_timeline "${cols[@]}" --layer 2 --png "$dir.png" \
+    python3 -m benchmarks.profiling.decode_timeline "${cols[@]}" --layer 2 --expect-steps 16 --png "$dir.png" \
         --json "$dir.timeline.json" 2>&1 | tee "$dir.timeline.log" | head -60
   done
   exit "$status"

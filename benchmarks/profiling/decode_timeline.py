@@ -7,7 +7,8 @@ adapters, the last the baseline. Kernels are split into steps at idle gaps longe
 ``--step-gap-ms`` (or, with ``--step-start REGEX``, at each kernel whose name matches: for
 traces where the host keeps the GPU busy across steps); the decode steps are those with the
 trace's most common kernel count (a CUDA-graph replay launches the same kernels every step; the
-prefill step and stray steps differ). Per column, averaged over those steps:
+prefill step and stray steps differ). Where the host keeps the GPU busy across steps (no gap),
+``--expect-steps N`` splits at the first kernel launched N or N + 1 times. Per column, averaged over those steps:
 
 - the step: span (first kernel's start to last kernel's end), kernel time, idle time, kernels;
 - per family (``step_profile.kernel_family``) and per kernel name: launches, kernel µs and the
@@ -63,6 +64,17 @@ def split_at_starts(kernels: list[Kernel], pattern: str) -> list[Step]:
         if steps:
             steps[-1].kernels.append(k)
     return steps
+
+
+def per_step_kernel(kernels: list[Kernel], expect_steps: int) -> str | None:
+    """The earliest-starting kernel name launched ``expect_steps`` or ``expect_steps + 1``
+    times (once per decode step, the prefill step maybe too): where steps begin when no idle
+    gap separates them (None: no such name)."""
+    counts = Counter(k.name for k in kernels)
+    for k in kernels:
+        if counts[k.name] in (expect_steps, expect_steps + 1):
+            return k.name
+    return None
 
 
 def decode_steps(steps: list[Step]) -> list[Step]:
@@ -130,11 +142,19 @@ class Column:
                 "idle_ms": sum(s.span_ms - s.busy_ms for s in self.steps) / n}
 
 
-def load_column(label: str, path: str, step_gap_ms: float, step_start: str | None) -> Column:
+def load_column(label: str, path: str, step_gap_ms: float, step_start: str | None,
+                expect_steps: int | None = None) -> Column:
+    """One trace's steps; with ``expect_steps`` and no ``step_start``, a trace whose gaps give
+    fewer than 2 decode steps is split at ``per_step_kernel`` instead."""
     kernels = kernels_of(load_events(path))
     steps = (split_at_starts(kernels, step_start) if step_start
              else split_steps(kernels, step_gap_ms))
     chosen = decode_steps(steps)
+    if len(chosen) < 2 and not step_start and expect_steps:
+        first = per_step_kernel(kernels, expect_steps)
+        if first is not None:
+            steps = split_at_starts(kernels, "^" + re.escape(first) + "$")
+            chosen = decode_steps(steps)
     if not chosen:
         raise SystemExit(f"{path}: no kernels found")
     return Column(label, steps, chosen)
@@ -226,10 +246,11 @@ def plot_layers(layers: dict[str, list[dict]], path: str) -> str:
 
 def report(pairs: list[tuple[str, str]], *, step_gap_ms: float = 0.3,
            step_start: str | None = None, top: int = 20, layer: int | None = None,
-           png: str | None = None) -> dict:
+           png: str | None = None, expect_steps: int | None = None) -> dict:
     """Prints the tables for ``(label, path)`` columns (first: with adapters, last: baseline);
     returns the figures."""
-    columns = [load_column(label, path, step_gap_ms, step_start) for label, path in pairs]
+    columns = [load_column(label, path, step_gap_ms, step_start, expect_steps)
+               for label, path in pairs]
     print("\ndecode steps (the trace's steps of its most common kernel count); ms per step")
     print("| column | steps used / found | kernels | span p50 | kernel time | idle |")
     print("|---|---|---|---|---|---|")
@@ -268,6 +289,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="idle longer than this ends a step (default 0.3)")
     ap.add_argument("--step-start", default=None, metavar="REGEX",
                     help="instead: a step begins at each kernel whose name matches")
+    ap.add_argument("--expect-steps", type=int, default=None, metavar="N",
+                    help="the trace's decode steps: when no idle gap separates them, split at a "
+                         "kernel launched N (or N+1) times")
     ap.add_argument("--top", type=int, default=20)
     ap.add_argument("--layer", type=int, default=None, metavar="N",
                     help="also layer N of the median step, kernel by kernel")
@@ -275,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     out = report(args.traces, step_gap_ms=args.step_gap_ms, step_start=args.step_start,
-                 top=args.top, layer=args.layer, png=args.png)
+                 top=args.top, layer=args.layer, png=args.png, expect_steps=args.expect_steps)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

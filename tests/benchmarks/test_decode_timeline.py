@@ -74,3 +74,13 @@ def test_step_start_splits_steps_without_idle_between_them(tmp_path):
 def test_cli_rejects_a_trace_without_a_label(tmp_path):
     with pytest.raises(SystemExit):
         main([str(tmp_path / "x.json.gz")])
+
+
+def test_expected_steps_split_a_trace_without_gaps_at_a_once_per_step_kernel(tmp_path):
+    """Steps back to back, each opening with a kernel of its own (launched once per step): with
+    ``expect_steps`` the trace is split there."""
+    step = [("embed_kernel", 0, 5)] + [(n, ts + 5, d) for n, ts, d in _decode(False)]
+    path = _write(tmp_path / "d.json.gz", [step] * 4, step_period=215.0)
+    assert report([("x", path)], step_gap_ms=0.3)["summary"]["x"]["steps"] == 1
+    got = report([("x", path)], step_gap_ms=0.3, expect_steps=4)["summary"]["x"]
+    assert got["steps"] == 4 and got["kernels"] == 10
