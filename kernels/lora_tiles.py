@@ -109,12 +109,18 @@ def rank_pad(rank: int) -> int:
     return max(16, next_pow2(rank))
 
 
+def fit_tile(tile: int, extent: int) -> int:
+    """A configured tile along an axis of ``extent`` elements: at most the extent rounded up to a
+    power of two, at least 16 (``tl.dot``'s minimum)."""
+    return min(tile, max(16, next_pow2(extent)))
+
+
 @functools.lru_cache(maxsize=None)
 def split_k_plan(in_features: int, block_k: int, split_k: int) -> tuple[int, int, int, bool]:
     """``(block_k, split_k, k_per_split, even_k)`` of a shrink over ``in_features`` for the
     configured tile and split count: whole K tiles per split, no empty split, EVEN_K when no
     mask is needed."""
-    block_k = min(block_k, max(16, next_pow2(in_features)))
+    block_k = fit_tile(block_k, in_features)
     n_k_blocks = cdiv(in_features, block_k)
     split_k = max(1, min(split_k, n_k_blocks))
     k_per_split = cdiv(n_k_blocks, split_k) * block_k

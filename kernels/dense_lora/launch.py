@@ -26,7 +26,7 @@ from kernels.launch.cached import (
     next_pow2,
     raw_stream,
 )
-from kernels.lora_tiles import rank_pad, reads_slot_ranks, split_k_plan
+from kernels.lora_tiles import fit_tile, rank_pad, reads_slot_ranks, split_k_plan
 
 MAX_SLICES = 3
 
@@ -202,7 +202,7 @@ def expand_with_plan(y, part, lora_b, groups, cfg, add_inputs, use_pdl, slot_liv
     assert all(t.stride(-2) == b[0].stride(-2) for t in b), "slices must share row strides"
     bl = [t.stride(0) for t in b] + [0] * (MAX_SLICES - num_slices)
     assert y.shape[-1] >= sum(ns), (y.shape, ns)
-    block_n = min(cfg.block_n, max(16, next_pow2(max(ns))))
+    block_n = fit_tile(cfg.block_n, max(ns))
     return _EXPAND_PLANS.launch_new(
         key, (cdiv(max(ns), block_n), row_blocks(mp, cfg.block_m, g.num_groups), num_slices),
         (y, b[0], b1, b[-1], part, g.sorted_idx, g.slot, g.ntok, g.start, live, g.num_groups, m,
@@ -265,8 +265,8 @@ def fused_with_plan(y, x, lora_a, lora_b, groups, cfg, scale, add_inputs, slot_l
         "A slices must share shape and strides"
     assert all(t.stride(-2) == b[0].stride(-2) for t in b), "B slices must share row strides"
     assert y.shape[-1] >= sum(ns), (y.shape, ns)
-    block_k = min(cfg.block_k, max(16, next_pow2(in_features)))
-    block_n = min(cfg.block_n, max(16, next_pow2(max(ns))))
+    block_k = fit_tile(cfg.block_k, in_features)
+    block_n = fit_tile(cfg.block_n, max(ns))
     bl = [t.stride(0) for t in b] + [0] * (MAX_SLICES - num_slices)
     return _FUSED_PLANS.launch_new(
         key, (cdiv(max(ns), block_n), row_blocks(mp, cfg.block_m, g.num_groups), num_slices),

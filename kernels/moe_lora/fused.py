@@ -20,8 +20,15 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.launch.cached import CachedLauncher, cdiv, next_pow2
-from kernels.lora_tiles import as_slices, rank_limit, rank_pad, reads_slot_ranks, row_map_arg
+from kernels.launch.cached import CachedLauncher, cdiv
+from kernels.lora_tiles import (
+    as_slices,
+    fit_tile,
+    rank_limit,
+    rank_pad,
+    reads_slot_ranks,
+    row_map_arg,
+)
 from kernels.moe_lora.align import MoELoRABlocks
 
 
@@ -126,7 +133,7 @@ def moe_lora_fused(
     assert all(t.stride(-1) == 1 for t in (*a, *b))
     assert x.shape[-1] >= in_features and y.shape[-1] >= num_slices * out_features
     rp = rank_pad(rank)
-    block_n = min(block_n, max(16, next_pow2(out_features)))
+    block_n = fit_tile(block_n, out_features)
     parts = max(1, min(cdiv(out_features, block_n), cdiv(TARGET_PROGRAMS, rows * num_slices)))
     n_per_part = cdiv(cdiv(out_features, parts), block_n) * block_n
     parts = cdiv(out_features, n_per_part)
@@ -140,7 +147,7 @@ def moe_lora_fused(
         in_features, out_features, rank, n_per_part,
         x.stride(0), a[0].stride(0), a[0].stride(1), a[0].stride(2),
         y.stride(0), b[0].stride(0), b[0].stride(1), b[0].stride(2),
-        RP=rp, BLOCK_K=min(block_k, max(16, next_pow2(in_features))), BLOCK_N=block_n,
+        RP=rp, BLOCK_K=fit_tile(block_k, in_features), BLOCK_N=block_n,
         NUM_SLICES=num_slices, HAS_SCALE=scaling is not None,
         MUL_ROUTED_WEIGHT=topk_weights is not None, ADD_INPUTS=add_inputs,
         X_MAP=row_map is not None and map_rows_of == "x",

@@ -19,10 +19,16 @@ from kernels.launch.cached import (
     PreparedLaunch,
     aligned16,
     cdiv,
-    next_pow2,
     raw_stream,
 )
-from kernels.lora_tiles import as_slices, rank_pad, reads_slot_ranks, row_map_arg, split_k_plan
+from kernels.lora_tiles import (
+    as_slices,
+    fit_tile,
+    rank_pad,
+    reads_slot_ranks,
+    row_map_arg,
+    split_k_plan,
+)
 from kernels.moe_lora.align import MoELoRABlocks
 from kernels.moe_lora.configs import OpConfig
 from kernels.moe_lora.kernels import _moe_lora_expand_kernel, _moe_lora_shrink_kernel
@@ -144,7 +150,7 @@ def down_part_for_fold(lora_b13: torch.Tensor | Sequence[torch.Tensor], lora_a2:
     split-K parts."""
     b = as_slices(lora_b13)[0]
     n = b.shape[-2]
-    block_n = min(cfg13.block_n, max(16, next_pow2(n)))
+    block_n = fit_tile(cfg13.block_n, n)
     return torch.empty((cdiv(n, block_n), blocks.max_blocks * blocks.block_m,
                         rank_pad(lora_a2.shape[-2])), dtype=torch.float32, device=b.device)
 
@@ -195,7 +201,7 @@ def expand_with_plan(y, part, lora_b, blocks, cfg, scaling=None, topk_weights=No
     assert y.stride(-1) == 1 and ac.stride(-1) == 1 and all(t.stride(-1) == 1 for t in b)
     assert all(t.shape == b[0].shape and t.stride() == b[0].stride() for t in b)
     assert y.shape[-1] >= num_slices * out_features, (y.shape, num_slices, out_features)
-    block_n = min(cfg.block_n, max(16, next_pow2(out_features)))
+    block_n = fit_tile(cfg.block_n, out_features)
     if act is not None:
         assert num_slices == 1 and out_features % 2 == 0 and act.shape[-1] >= out_features // 2
     if fold:
