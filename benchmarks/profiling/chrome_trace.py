@@ -17,3 +17,11 @@ def write_trace_gz(prof, path: str) -> None:
         prof.export_chrome_trace(raw)
         with open(raw, "rb") as src, gzip.open(path, "wb") as dst:
             shutil.copyfileobj(src, dst)
+
+
+def trace_path(folder: str | None, kind: str, label: str) -> str | None:
+    """``folder/<kind>_<label>.json.gz`` (spaces to underscores, commas dropped) for a column's
+    trace; None when no folder was asked for."""
+    if not folder:
+        return None
+    return os.path.join(folder, f"{kind}_{label.replace(' ', '_').replace(',', '')}.json.gz")

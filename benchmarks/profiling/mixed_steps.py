@@ -15,12 +15,11 @@ forwards (more rows than ``decode_rows``) against the decode ones; through
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 
 from benchmarks.engine.gpt_oss_dummy import random_prompts
-from benchmarks.profiling.chrome_trace import write_trace_gz
+from benchmarks.profiling.chrome_trace import trace_path, write_trace_gz
 from benchmarks.profiling.forward_timer import ForwardTimer, summarize
 from benchmarks.profiling.host_sections import HostSections, mxfp4_engine_sections
 
@@ -136,7 +135,4 @@ def run_mixed(llm, args, loras, gap: int = 2, trace: str | None = None) -> dict:
 
 def trace_file(args, label: str) -> str | None:
     """Where ``--trace DIR`` puts the mixed pass's trace of a column (None without it)."""
-    if not args.trace:
-        return None
-    os.makedirs(args.trace, exist_ok=True)
-    return os.path.join(args.trace, f"mixed_{label.replace(' ', '_').replace(',', '')}.json.gz")
+    return trace_path(args.trace, "mixed", label)

@@ -49,7 +49,7 @@ from benchmarks.engine.gpt_oss_dummy import (
     write_adapters,
     write_model_dir,
 )
-from benchmarks.profiling.chrome_trace import write_trace_gz
+from benchmarks.profiling.chrome_trace import trace_path, write_trace_gz
 from benchmarks.profiling.host_profile import host_profile
 from benchmarks.profiling.mixed_steps import print_mixed_table, run_mixed, trace_file
 from benchmarks.profiling.runtime_calls import print_runtime_table, runtime_calls
@@ -148,10 +148,7 @@ def traced_decode(llm, batches, steps: int, loras: bool, paths, path: str | None
 
 def decode_trace_file(args, label: str) -> str | None:
     """Where ``--decode-trace DIR`` puts a column's decode trace (None without it)."""
-    if not args.decode_trace:
-        return None
-    return os.path.join(args.decode_trace, f"decode_{label.replace(' ', '_').replace(',', '')}"
-                        ".json.gz")
+    return trace_path(args.decode_trace, "decode", label)
 
 
 def per_step_families(kernels: dict, steps: int) -> dict[str, float]:
