@@ -61,42 +61,30 @@ class DenseLoRALayer:
                  cfg: DenseLoRAConfig, scale: float = 1.0, add_inputs: bool = True,
                  use_pdl: bool = False, slot_live: torch.Tensor | None = None) -> None:
         """``y [M, >=sum(N)] (+)= scale * x [M, in] A_i^T B_i^T`` per slice, as
-        ``dense_lora_shrink`` + ``dense_lora_expand`` (``cfg.fused``: ``dense_lora_fused``)."""
+        ``dense_lora_shrink`` + ``dense_lora_expand`` (``cfg.fused``: ``dense_lora_fused``, one
+        launch, kept the same way)."""
         g = groups
-        if cfg.fused:
-            self._fused(y, x, g, cfg, scale, add_inputs, slot_live)
-            return
         live = g.slot if slot_live is None else slot_live
         key = (plan_tokens(g.num_tokens), cfg, scale, add_inputs, use_pdl, slot_live is not None,
                x.stride(0), y.stride(0), x.dtype, y.dtype, g.slot.shape[0])
         call = self._calls.get(key)
         tensors_aligned = aligned16(x, y, g.sorted_idx, g.slot, g.ntok, g.start, live)
+        meta = (g.sorted_idx, g.slot, g.ntok, g.start, live, g.num_groups, g.num_tokens)
         if call is not None and tensors_aligned:
+            stream = raw_stream(x.device)
+            if cfg.fused:
+                call[0].launch(stream, y, x, *self.a3, *self.b3, *meta)
+                return
             shrink, expand = call
             part = torch.empty(shrink.extra, dtype=torch.float32, device=x.device)
-            stream = raw_stream(x.device)
-            shrink.launch(stream, x, *self.a3, part, g.sorted_idx, g.slot, g.ntok, g.start, live,
-                          g.num_groups, g.num_tokens)
-            expand.launch(stream, y, *self.b3, part, g.sorted_idx, g.slot, g.ntok, g.start, live,
-                          g.num_groups, g.num_tokens)
+            shrink.launch(stream, x, *self.a3, part, *meta)
+            expand.launch(stream, y, *self.b3, part, *meta)
             return
-        part, shrink = shrink_with_plan(x, self.a, g, cfg, scale, use_pdl, slot_live)
-        expand = expand_with_plan(y, part, self.b, g, cfg, add_inputs, use_pdl, slot_live)
-        if shrink is not None and expand is not None and self.aligned and tensors_aligned:
-            self._calls.put(key, (shrink, expand))
-
-    def _fused(self, y, x, g: TokenGroups, cfg: DenseLoRAConfig, scale: float, add_inputs: bool,
-               slot_live: torch.Tensor | None) -> None:
-        """The one-launch form, its prepared launch kept per token-count bucket like the pair."""
-        live = g.slot if slot_live is None else slot_live
-        key = ("fused", plan_tokens(g.num_tokens), cfg, scale, add_inputs, slot_live is not None,
-               x.stride(0), y.stride(0), x.dtype, y.dtype, g.slot.shape[0])
-        plan = self._calls.get(key)
-        tensors_aligned = aligned16(x, y, g.sorted_idx, g.slot, g.ntok, g.start, live)
-        if plan is not None and tensors_aligned:
-            plan.launch(raw_stream(x.device), y, x, *self.a3, *self.b3, g.sorted_idx, g.slot,
-                        g.ntok, g.start, live, g.num_groups, g.num_tokens)
-            return
-        plan = fused_with_plan(y, x, self.a, self.b, g, cfg, scale, add_inputs, slot_live)
-        if plan is not None and self.aligned and tensors_aligned:
-            self._calls.put(key, plan)
+        if cfg.fused:
+            call = (fused_with_plan(y, x, self.a, self.b, g, cfg, scale, add_inputs, slot_live),)
+        else:
+            part, shrink = shrink_with_plan(x, self.a, g, cfg, scale, use_pdl, slot_live)
+            call = (shrink, expand_with_plan(y, part, self.b, g, cfg, add_inputs, use_pdl,
+                                             slot_live))
+        if None not in call and self.aligned and tensors_aligned:
+            self._calls.put(key, call)
