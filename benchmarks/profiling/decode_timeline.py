@@ -30,40 +30,16 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 
 from benchmarks.profiling.step_profile import kernel_family
-from benchmarks.profiling.trace_gaps import Kernel, Step, kernels_of, load_events, split_steps
-
-
-@dataclass
-class Cost:
-    """Per decode step: launches, kernel µs, idle µs before those launches."""
-
-    launches: float = 0.0
-    busy_us: float = 0.0
-    idle_us: float = 0.0
-    blocks_per_sm: float | None = None  # the smallest seen (the profiler's figure)
-
-    def add(self, other: Cost, weight: float) -> None:
-        self.launches += other.launches * weight
-        self.busy_us += other.busy_us * weight
-        self.idle_us += other.idle_us * weight
-        self.blocks_per_sm = _least(self.blocks_per_sm, other.blocks_per_sm)
-
-
-def _least(a: float | None, b: float | None) -> float | None:
-    return b if a is None else a if b is None else min(a, b)
-
-
-def split_at_starts(kernels: list[Kernel], pattern: str) -> list[Step]:
-    """Steps beginning at each kernel whose name matches ``pattern`` (kernels before the first
-    match are dropped)."""
-    rx = re.compile(pattern)
-    steps: list[Step] = []
-    for k in kernels:
-        if rx.search(k.name):
-            steps.append(Step())
-        if steps:
-            steps[-1].kernels.append(k)
-    return steps
+from benchmarks.profiling.trace_gaps import (
+    Cost,
+    Kernel,
+    Step,
+    kernels_of,
+    load_events,
+    split_at_starts,
+    split_steps,
+    step_costs,
+)
 
 
 def per_step_kernel(kernels: list[Kernel], expect_steps: int) -> str | None:
@@ -84,22 +60,6 @@ def decode_steps(steps: list[Step]) -> list[Step]:
     counts = Counter(len(s.kernels) for s in steps)
     mode = max(counts, key=lambda n: (counts[n], n))
     return [s for s in steps if len(s.kernels) == mode]
-
-
-def step_costs(step: Step, key) -> dict[str, Cost]:
-    """``key(kernel)`` -> ``Cost`` of one step; the idle time between two kernels is charged to
-    the later one (the first kernel's to none)."""
-    out: dict[str, Cost] = defaultdict(Cost)
-    end = None
-    for k in step.kernels:
-        c = out[key(k)]
-        c.launches += 1
-        c.busy_us += k.end - k.start
-        c.blocks_per_sm = _least(c.blocks_per_sm, k.blocks_per_sm)
-        if end is not None and k.start > end:
-            c.idle_us += k.start - end
-        end = k.end if end is None else max(end, k.end)
-    return out
 
 
 def mean_costs(steps: list[Step], key) -> dict[str, Cost]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -97,18 +98,63 @@ def split_steps(kernels: list[Kernel], step_gap_ms: float) -> list[Step]:
     return steps
 
 
+def split_at_starts(kernels: list[Kernel], pattern: str) -> list[Step]:
+    """Steps beginning at each kernel whose name matches ``pattern`` (kernels before the first
+    match are dropped)."""
+    rx = re.compile(pattern)
+    steps: list[Step] = []
+    for k in kernels:
+        if rx.search(k.name):
+            steps.append(Step())
+        if steps:
+            steps[-1].kernels.append(k)
+    return steps
+
+
+@dataclass
+class Cost:
+    """Launches, kernel µs and idle µs before those launches (of a step, or averaged over
+    steps), and the fewest blocks per SM a launch had."""
+
+    launches: float = 0.0
+    busy_us: float = 0.0
+    idle_us: float = 0.0
+    blocks_per_sm: float | None = None  # the smallest seen (the profiler's figure)
+
+    def add(self, other: Cost, weight: float) -> None:
+        self.launches += other.launches * weight
+        self.busy_us += other.busy_us * weight
+        self.idle_us += other.idle_us * weight
+        self.blocks_per_sm = _least(self.blocks_per_sm, other.blocks_per_sm)
+
+
+def _least(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else min(a, b)
+
+
+def step_costs(step: Step, key) -> dict[str, Cost]:
+    """``key(kernel)`` -> ``Cost`` of one step; the idle time between two kernels is charged to
+    the later one (the first kernel's to none)."""
+    out: dict[str, Cost] = defaultdict(Cost)
+    end = None
+    for k in step.kernels:
+        c = out[key(k)]
+        c.launches += 1
+        c.busy_us += k.end - k.start
+        c.blocks_per_sm = _least(c.blocks_per_sm, k.blocks_per_sm)
+        if end is not None and k.start > end:
+            c.idle_us += k.start - end
+        end = k.end if end is None else max(end, k.end)
+    return out
+
+
 def gap_costs(step: Step) -> tuple[dict[str, float], dict[str, float]]:
-    """Idle µs before each kernel of ``step``, summed by kernel name and by launching host op."""
-    by_kernel: dict[str, float] = defaultdict(float)
-    by_op: dict[str, float] = defaultdict(float)
-    end = step.kernels[0].end
-    for k in step.kernels[1:]:
-        idle = k.start - end
-        if idle > 0:
-            by_kernel[k.name[:80]] += idle
-            by_op[k.launched_by[:80]] += idle
-        end = max(end, k.end)
-    return by_kernel, by_op
+    """Idle µs before each kernel of ``step``, summed by kernel name and by launching host op
+    (only those that ended a wait)."""
+    def idle_by(key) -> dict[str, float]:
+        return {name: c.idle_us for name, c in step_costs(step, key).items() if c.idle_us > 0}
+
+    return idle_by(lambda k: k.name[:80]), idle_by(lambda k: k.launched_by[:80])
 
 
 def report(path: str, top: int = 15, step_gap_ms: float = 2.0, min_kernels: int = 200) -> dict:
