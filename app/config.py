@@ -195,6 +195,29 @@ class TenancyConfig(_Strict):
     )
 
 
+class S3Options(_Strict):
+    """How the app's replicas read an ``s3://`` adapter store (a ``file://`` store ignores them)."""
+
+    download_concurrency: int = Field(
+        1, ge=1, le=64,
+        description="GETs per adapter file. 1: each file in one streamed GET (fastest against a loopback or "
+                    "in-cluster server); above 1: files larger than `part_mib` as that many parallel ranged GETs, "
+                    "for stores that cap one connection's throughput (AWS S3: 8-16).")
+    part_mib: int = Field(
+        32, ge=5, le=5120,
+        description="Range of a parallel download and part of an upload, MiB (a manifest with part hashes "
+                    "downloads by its own parts).")
+    connect_timeout_s: float = Field(5.0, gt=0, description="Seconds to open a connection to the store.")
+    read_timeout_s: float = Field(30.0, gt=0, description="Seconds a read may wait for bytes before it is retried.")
+    max_retries: int = Field(3, ge=0, le=20, description="Retries of a failed S3 call after its first attempt (botocore's standard mode).")
+
+    def store_options(self) -> dict[str, Any]:
+        """Keyword arguments of :class:`adapters_registry.stores.s3.S3AdapterStore`."""
+        return {"concurrency": self.download_concurrency, "part_bytes": self.part_mib << 20,
+                "connect_timeout_s": self.connect_timeout_s, "read_timeout_s": self.read_timeout_s,
+                "max_attempts": self.max_retries}
+
+
 class AppConfig(_Strict):
     """Arguments of ``app.main:build_app``: the whole loraplex Serve application."""
 
@@ -204,6 +227,7 @@ class AppConfig(_Strict):
     s3_endpoint_url: str | None = Field(
         None, description="S3 endpoint override (else AWS_ENDPOINT_URL, else AWS's default)."
     )
+    s3: S3Options = Field(default_factory=S3Options, description="Download concurrency, timeouts and retries of an s3:// store.")
     tenants_file: str | None = Field(None, description="Tenants YAML (None: $LORAPLEX_HOME/tenants.yaml); reloaded on change.")
     cache_dir: str | None = Field(None, description="Local adapter disk cache (None: $LORAPLEX_HOME/cache).")
     cache_max_bytes: int = Field(20 * 2**30, ge=1, description="Disk cache bound in bytes (LRU beyond it).")
@@ -241,6 +265,12 @@ class AppConfig(_Strict):
 
     def resolved_store_uri(self) -> str:
         return self.store_uri or (loraplex_home() / "store").resolve().as_uri()
+
+    def open_store(self):
+        """The adapter store the app's replicas read (``store_uri``, ``s3_endpoint_url``, ``s3``)."""
+        from adapters_registry.stores import open_store
+
+        return open_store(self.resolved_store_uri(), self.s3_endpoint_url, **self.s3.store_options())
 
     def resolved_tenants_file(self) -> Path:
         return Path(self.tenants_file).expanduser() if self.tenants_file else loraplex_home() / "tenants.yaml"

@@ -88,6 +88,7 @@ def chart_schema(app_defs: dict[str, Any]) -> dict[str, Any]:
                 "endpointUrl": {"type": "string", "pattern": r"^(https?://.+)?$"},
                 "region": STR,
                 "credentialsSecret": K8S_NAME,
+                "s3": {"$ref": "#/$defs/S3Options"},
             }, required=["uri"]),
             "tenants": closed({
                 "existingSecret": K8S_NAME,
@@ -148,13 +149,14 @@ def chart_schema(app_defs: dict[str, Any]) -> dict[str, Any]:
 
 
 def app_defs() -> dict[str, Any]:
-    """JSON schemas of the app's EngineConfig, DeploymentOptions and ObservabilityConfig (pydantic, extra=forbid)."""
+    """JSON schemas of the app's EngineConfig, DeploymentOptions, S3Options and ObservabilityConfig
+    (pydantic, extra=forbid)."""
     sys.path.insert(0, str(ROOT))
-    from app.config import DeploymentOptions, EngineConfig
+    from app.config import DeploymentOptions, EngineConfig, S3Options
     from app.observability.config import ObservabilityConfig
 
     defs: dict[str, Any] = {}
-    for model in (EngineConfig, DeploymentOptions, ObservabilityConfig):
+    for model in (EngineConfig, DeploymentOptions, S3Options, ObservabilityConfig):
         schema = model.model_json_schema(ref_template="#/$defs/{model}")
         defs.update(schema.pop("$defs", {}))
         defs[model.__name__] = schema

@@ -75,7 +75,7 @@ class EngineServer:
         with start_log.phase("imports"):
             from adapters_registry.cache import AdapterCache
             from adapters_registry.slots import AdapterSlots
-            from adapters_registry.stores import open_store
+            from adapters_registry import stores  # noqa: F401  (boto3's import timed in this phase)
             from app.engine import vllm_serving
 
         self.cfg = AppConfig.model_validate(config)
@@ -95,7 +95,7 @@ class EngineServer:
         self.chat_request_cls, self.completion_request_cls, self.error_cls = vllm_serving.request_types()
         self._error_from_exception = vllm_serving.error_from_exception
         self._vllm = vllm_serving
-        self.store = open_store(self.cfg.resolved_store_uri(), self.cfg.s3_endpoint_url)
+        self.store = self.cfg.open_store()
         self.recorder = EngineRecorder(self.cfg.observability, self.replica)
         self.registry_metrics = registry_metrics = ReplicaRegistryMetrics(self.recorder.labels, self.replica)
         self.cache = AdapterCache(self.cfg.resolved_cache_dir() / _cache_name(), self.cfg.cache_max_bytes,

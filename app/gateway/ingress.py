@@ -104,13 +104,11 @@ def _engine_response(out: dict[str, Any]) -> Response:
 @serve.ingress(api)
 class Gateway:
     def __init__(self, engine: DeploymentHandle, config: dict[str, Any]):
-        from adapters_registry.stores import open_store
-
         self.cfg = AppConfig.model_validate(config)
         self.engine = engine
         self.base_name = self.cfg.engine.served_model_name
         self.tenants = TenantDirectory(self.cfg.resolved_tenants_file())
-        self.store = open_store(self.cfg.resolved_store_uri(), self.cfg.s3_endpoint_url)
+        self.store = self.cfg.open_store()
         self.catalog = AdapterCatalog(self.store)
         self.replica, ledger_name = _replica_identity()
         self.admission = build_admission(self.cfg, self.replica, ledger_name)

@@ -4,8 +4,9 @@ system gets from it.
 Changed: the HTTP host (127.0.0.1); ``HF_HOME`` (a folder of the run) and, for the random-weight
 model, ``LORAPLEX_BALANCED_DUMMY=1`` in the replicas' environment (and
 ``LORAPLEX_PROFILE_ADAPTER_LOADS`` where this process has it: profiles of the engine's adapter
-loads); the store (``s3://`` on the local S3 server), the tenants file, the disk cache (a
-folder of the run, bounded to what the plan's adapters need at most); the engine's model (and
+loads); the store (``s3://`` on the local S3 server, one GET per file: moto answers a ranged GET
+by copying the whole object), the tenants file, the disk cache (a folder of the run, bounded to
+what the plan's adapters need at most); the engine's model (and
 ``load_format: dummy``, or the CPU settings of the embedded model); one engine replica and one
 gateway replica instead of autoscaling (no GPU on the CPU host). Everything else is the file's.
 
@@ -48,6 +49,7 @@ def host_config(assets: ModelAssets, workdir: Path, store_uri: str, s3_endpoint:
     args = app["args"]
     args.update(store_uri=store_uri, s3_endpoint_url=s3_endpoint, tenants_file=str(tenants_file),
                 cache_dir=str(workdir / "cache"))
+    args["s3"] = {**args.get("s3", {}), "download_concurrency": 1}  # moto copies the object per ranged GET
     if cache_max_bytes is not None:
         args["cache_max_bytes"] = min(int(args.get("cache_max_bytes") or cache_max_bytes), cache_max_bytes)
     args["engine"].update(assets.engine)

@@ -267,6 +267,7 @@ def test_the_gpu_hosts_serve_config_is_one_loraplex_serve_accepts_in_either_topo
     assert config_problems(cfg) == []
     assert args["engine_deployment"]["num_replicas"] == 1 and "autoscaling_config" not in args["engine_deployment"]
     assert args["engine_deployment"]["max_surge_percent"] == 25 and args["cache_max_bytes"] == 2**30
+    assert args["s3"]["download_concurrency"] == 1  # one GET per file against moto, whatever the file says
     import yaml
 
     file_engine = yaml.safe_load(H200_CONFIG.read_text())["applications"][0]["args"]["engine"]

@@ -34,6 +34,7 @@ def test_h200_config_has_the_production_settings():
     args = load("deploy/h200.yaml")["applications"][0]["args"]
     engine = args["engine"]
     assert args["store_uri"].startswith("s3://")
+    assert args["s3"]["download_concurrency"] > 1  # AWS S3 caps one connection: ranged GETs in parallel
     assert engine["model"] == "openai/gpt-oss-20b" and engine["quantization"] is None  # MXFP4 as released
     assert engine["enforce_eager"] is False  # CUDA graphs
     assert engine["max_lora_rank"] == 64 and engine["max_cpu_loras"] > engine["max_loras"]

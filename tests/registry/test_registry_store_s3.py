@@ -108,6 +108,27 @@ async def test_multipart_ranged_download_verified(s3, bucket, base, tmp_path):
     assert sha256_file(p / WEIGHTS_NAME) == (m.file(WEIGHTS_NAME).sha256, m.file(WEIGHTS_NAME).size)
 
 
+def test_the_apps_s3_options_reach_the_store_its_replicas_open(s3, bucket, base):
+    """``AppConfig.s3`` (download concurrency, range size, timeouts, retries) is what the gateway's and
+    the engine's ``cfg.open_store()`` builds the S3 client with; out-of-range values are refused."""
+    from pydantic import ValidationError
+
+    from app.config import AppConfig
+
+    s3_store(s3, bucket).publish(tiny_assets()["attn"], "a", "acme", base)
+    cfg = AppConfig(store_uri=f"s3://{bucket}/adapters", s3_endpoint_url=s3.endpoint,
+                    s3={"download_concurrency": 6, "part_mib": 8, "read_timeout_s": 7, "max_retries": 2})
+    store = cfg.open_store()
+    assert (store.concurrency, store.part_bytes) == (6, 8 << 20)
+    client = store.client.meta.config
+    assert (client.read_timeout, client.connect_timeout, client.retries["total_max_attempts"]) == (7, 5.0, 3)
+    assert client.max_pool_connections >= 6
+    assert [m.adapter_id for m in store.list()] == ["a"]
+    for bad in ({"download_concurrency": 0}, {"part_mib": 4}, {"read_timeout_s": 0}, {"max_retries": -1}, {"retries": 3}):
+        with pytest.raises(ValidationError):
+            AppConfig(s3=bad)
+
+
 # ---- faults --------------------------------------------------------------------------------------
 
 

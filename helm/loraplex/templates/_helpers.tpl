@@ -71,6 +71,9 @@ app.config.AppConfig of app.main:build_app.
 {{- if .Values.store.endpointUrl -}}
 {{- $_ := set $args "s3_endpoint_url" .Values.store.endpointUrl -}}
 {{- end -}}
+{{- with .Values.store.s3 -}}
+{{- $_ := set $args "s3" . -}}
+{{- end -}}
 {{- $app := dict "name" "loraplex" "route_prefix" "/" "import_path" "app.main:build_app" "args" $args -}}
 {{- with .Values.serve.deployments -}}
 {{- $_ := set $app "deployments" . -}}
