@@ -72,10 +72,18 @@ def mean_costs(steps: list[Step], key) -> dict[str, Cost]:
 
 
 def layer_kernels(step: Step, layer: int) -> list[Kernel]:
-    """The kernels of ``step`` from its ``layer``-th attention kernel (0-based) up to the next
-    one: one transformer layer's attention and what follows it (empty when the step has fewer
-    attention kernels)."""
-    starts = [i for i, k in enumerate(step.kernels) if kernel_family(k.name) == "attention"]
+    """The kernels of ``step`` from its ``layer``-th layer marker (0-based) up to the next one: one
+    transformer layer's attention and what follows it (empty when the step has fewer markers).
+    A layer launches several attention kernels (KV-cache write, split planning, the attention
+    itself, sliding-window and full layers under different names); the marker is the attention
+    kernel launched most often in the step (once per layer), the first of them in launch order
+    on a tie."""
+    counts = Counter(k.name for k in step.kernels if kernel_family(k.name) == "attention")
+    if not counts:
+        return []
+    most = max(counts.values())
+    marker = next(k.name for k in step.kernels if counts.get(k.name) == most)
+    starts = [i for i, k in enumerate(step.kernels) if k.name == marker]
     if len(starts) <= layer + 1:
         return []
     return step.kernels[starts[layer]:starts[layer + 1]]

@@ -62,6 +62,26 @@ def test_decode_steps_costs_and_layer(tmp_path, capsys):
     assert "(+0.021 ms: kernels +0.015, idle +0.006)" in text
 
 
+def test_a_layer_of_several_attention_kernels_is_cut_at_the_one_launched_once_per_layer(tmp_path):
+    """vLLM's FlashAttention path launches a KV-cache write, a split plan, the attention (under
+    two names: sliding-window and full layers alternate) and a combine per layer: the layer runs
+    from one KV-cache write to the next, not from one attention kernel to the next."""
+    ks, t = [], 0.0
+    for i in range(4):
+        attn = "flash_fwd_sm90<sliding>" if i % 2 else "flash_fwd_sm90<full>"
+        for name, dur in [("reshape_and_cache_flash_kernel", 2), ("prepare_varlen_num_blocks_kernel", 2),
+                          (attn, 10), ("flash_fwd_combine_kernel", 2), ("nvjet_gemm", 20),
+                          ("_moe_lora_shrink_kernel", 5)]:
+            ks.append((name, t, dur))
+            t += dur
+    path = _write(tmp_path / "d.json.gz", [ks] * 3)
+    layer = report([("x", path)], step_gap_ms=0.3, layer=1)["layer"]["x"]
+    assert [r["name"] for r in layer] == ["reshape_and_cache_flash_kernel", "prepare_varlen_num_blocks_kernel",
+                                          "flash_fwd_sm90<sliding>", "flash_fwd_combine_kernel", "nvjet_gemm",
+                                          "_moe_lora_shrink_kernel"]
+    assert report([("x", path)], step_gap_ms=0.3, layer=3)["layer"] == {}  # no marker after the 4th layer
+
+
 def test_step_start_splits_steps_without_idle_between_them(tmp_path):
     steps = [_decode(False)] * 3
     path = _write(tmp_path / "c.json.gz", steps, step_period=210.0)  # back to back: one step
