@@ -32,7 +32,6 @@ from app.engine import fair_share, shape_warmup
 from app.engine.manifests import ManifestCache
 from app.engine.start_log import StartLog
 from app.errors import EngineUnavailable, NotReady, describe, error_body
-from app.heap import freeze_startup_heap
 from app.observability.engine import EngineRecorder
 from app.observability.registry_metrics import ReplicaRegistryMetrics
 from app.stream_coalesce import coalesced
@@ -114,7 +113,6 @@ class EngineServer:
         self.started_at = time.time()  # the router packs onto older replicas (Serve stops the newest)
         self._newest_version: dict[str, int] = {}  # per adapter id: newest version requested here
         self.manifests = ManifestCache()  # validated once per (adapter, version), not per request
-        freeze_startup_heap(f"engine replica {self.replica}")
         start_log.done()
 
     def __del__(self) -> None:

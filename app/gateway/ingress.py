@@ -47,7 +47,6 @@ from app.gateway.openai_bodies import (
 from app.gateway.request_context import RequestIdMiddleware
 from app.gateway.stream_relay import RelayResponse, StreamRelay
 from app.gateway.tenants import Tenant, TenantDirectory
-from app.heap import freeze_startup_heap
 from app.observability.gateway import GatewayRecorder, GatewayRequest
 from app.request_meta import RequestMeta
 from app.vtc import weight_of
@@ -115,7 +114,6 @@ class Gateway:
         self.admission = build_admission(self.cfg, self.replica, ledger_name)
         self.recorder = GatewayRecorder(self.cfg.observability)
         admin_routes.bind_gateway(self)
-        freeze_startup_heap(f"gateway replica {self.replica}")
 
     def __del__(self) -> None:
         catalog = getattr(self, "catalog", None)

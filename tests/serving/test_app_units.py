@@ -169,28 +169,3 @@ def test_a_tenants_file_caught_mid_write_keeps_the_table(tmp_path):
     # a directory that starts on an empty or missing file starts with no tenants
     assert TenantDirectory(tmp_path / "missing.yaml")._by_hash == {}
 
-
-def test_a_replicas_start_up_heap_is_frozen_out_of_full_collections():
-    """What exists at the end of a start is no longer walked by a full collection; what comes
-    after is (a cycle made after the freeze is still collected)."""
-    import gc
-    import weakref
-
-    from app.heap import freeze_startup_heap
-
-    class Node:
-        pass
-
-    before = Node()
-    try:
-        frozen = freeze_startup_heap("test")
-        assert frozen == gc.get_freeze_count() and frozen > 1000
-        assert not any(o is before for o in gc.get_objects())  # in the permanent generation
-        later = Node()
-        later.self = later
-        ref = weakref.ref(later)
-        del later
-        gc.collect()
-        assert ref() is None
-    finally:
-        gc.unfreeze()
