@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     gen = torch.Generator(device="cuda").manual_seed(4321)
     name = torch.cuda.get_device_name(0)
     path = Path(args.out) / f"{PREFIX}_{device_slug(name)}.json"
-    data = open_config_file(path, name)
+    data = open_config_file(path, name, torch.cuda.get_device_capability())
     ops = args.ops.split(",") if args.ops else list(MODELS[args.model])
     ms = [int(v) for v in args.ms.split(",")]
     run = tuner_run(f"python -m benchmarks.kernels.tune_dense_lora --model {args.model} --ops {','.join(ops)} "

@@ -278,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     name = torch.cuda.get_device_name(0)
     key = shape_key(p.h, p.i, p.e, p.k, p.rank, p.slots)
     path = Path(args.out) / f"moe_lora_{device_slug(name)}.json"
-    data = open_config_file(path, name)
+    data = open_config_file(path, name, torch.cuda.get_device_capability())
     run = tuner_run(f"python -m benchmarks.kernels.tune_moe_lora --model {args.model} --ms {args.ms} "
                     f"--layers {args.layers} --slots {args.slots} --rank {args.rank} "
                     + (f"--only {args.only}" if args.only else f"--space {args.space}"),

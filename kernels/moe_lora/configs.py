@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import math
 import os
 import re
@@ -40,6 +41,8 @@ from pathlib import Path
 import torch
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"  # kernels/configs, shipped as package data
+logger = logging.getLogger(__name__)
+TUNED_OF_ENV = "LORAPLEX_TUNED_CONFIGS_OF"  # a device slug whose tuned files to read; none: heuristics
 NUM_SMS_DEFAULT = 132
 OPS = ("shrink13", "expand13", "shrink2", "expand2")
 
@@ -112,11 +115,13 @@ def folds_down(cfg: dict) -> bool:
         "1", "true", "on", "yes"}
 
 
-def open_config_file(path: Path, device_name: str) -> dict:
-    """A device's config file as a dict to update (a new one if ``path`` does not exist)."""
-    if path.is_file():
-        return json.loads(path.read_text())
-    return {"device": device_name, "provenance": {}, "shapes": {}}
+def open_config_file(path: Path, device_name: str, capability: tuple[int, int] | None = None) -> dict:
+    """A device's config file as a dict to update (a new one if ``path`` does not exist), with the
+    device's compute ``capability`` recorded where given (what ``config_slug`` matches on)."""
+    data = json.loads(path.read_text()) if path.is_file() else {"device": device_name, "provenance": {}, "shapes": {}}
+    if capability is not None:
+        data["capability"] = list(capability)
+    return data
 
 
 def record_run(data: dict, shape_key: str, run: dict, buckets: list[int]) -> None:
@@ -238,10 +243,32 @@ def tuned_layer_configs(*, hidden: int, intermediate: int, num_experts: int, top
                                                                    key=lambda kv: int(kv[0]))]
 
 
+def config_slug(own: str, capability: tuple[int, int], override: str = "") -> str:
+    """The device whose tuned files serve a device named ``own`` (its slug) of compute
+    ``capability``: ``override`` when given (``LORAPLEX_TUNED_CONFIGS_OF``; ``none``: no file, the
+    heuristic tiles); else its own files where any ship; else those of a device of the same
+    compute capability (same instruction set and shared-memory limits: an H100 reads the
+    H200's), the first by name; else its own slug (no file: the heuristic tiles)."""
+    if override:
+        return override
+    if any(CONFIG_DIR.glob(f"*_{own}.json")):
+        return own
+    for path in sorted(CONFIG_DIR.glob("*.json")):
+        data = json.loads(path.read_text())
+        if tuple(data.get("capability") or ()) == tuple(capability):
+            return device_slug(data["device"])
+    return own
+
+
 @functools.lru_cache(maxsize=None)
 def device_slug_of(index: int) -> str:
-    """``device_slug`` of CUDA device ``index`` (cached)."""
-    return device_slug(torch.cuda.get_device_name(index))
+    """The slug of the device whose tuned files CUDA device ``index`` reads (``config_slug``;
+    logged once, cached)."""
+    own = device_slug(torch.cuda.get_device_name(index))
+    slug = config_slug(own, torch.cuda.get_device_capability(index), os.environ.get(TUNED_OF_ENV, "").strip())
+    if slug != own:
+        logger.info("CUDA device %d (%s) runs the LoRA kernels on the tuned configs of %s", index, own, slug)
+    return slug
 
 
 @functools.lru_cache(maxsize=None)

@@ -52,3 +52,22 @@ def test_deploy_h200s_slot_rank_finds_the_rank_32_tiles():
         assert moe_configs.tuned_buckets("dense_lora", "NVIDIA_H200", dense_shape_key(
             in_features, out_features, 64, SLOTS)) == moe_configs.tuned_buckets(
             "dense_lora", "NVIDIA_H200", dense_shape_key(in_features, out_features, RANK, SLOTS))
+
+
+def test_a_device_without_files_reads_those_of_its_architecture():
+    """An H100 (compute capability 9.0, no files of its own) reads the H200's tuned tiles; a device
+    of another architecture, the heuristic; a device with files, its own; the override names the
+    device whose files to read (``none``: no file)."""
+    slug = moe_configs.config_slug
+    assert slug("NVIDIA_H100_80GB_HBM3", (9, 0)) == "NVIDIA_H200"
+    assert slug("NVIDIA_H200", (9, 0)) == "NVIDIA_H200"
+    assert slug("NVIDIA_A100-SXM4-80GB", (8, 0)) == "NVIDIA_A100-SXM4-80GB"
+    assert slug("NVIDIA_H100_80GB_HBM3", (9, 0), override="none") == "none"
+    assert moe_configs.load_device_file("moe_lora", "none") == {}
+    for prefix in ("moe_lora", "dense_lora"):
+        assert json.loads((SHIPPED / f"{prefix}_NVIDIA_H200.json").read_text())["capability"] == [9, 0]
+
+
+def test_a_tuner_records_the_capability_of_the_device_it_tuned(tmp_path):
+    data = moe_configs.open_config_file(tmp_path / "moe_lora_X.json", "X", (9, 0))
+    assert data == {"device": "X", "capability": [9, 0], "provenance": {}, "shapes": {}}
