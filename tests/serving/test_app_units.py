@@ -168,4 +168,3 @@ def test_a_tenants_file_caught_mid_write_keeps_the_table(tmp_path):
         directory.authenticate(f"Bearer {key}")
     # a directory that starts on an empty or missing file starts with no tenants
     assert TenantDirectory(tmp_path / "missing.yaml")._by_hash == {}
-
