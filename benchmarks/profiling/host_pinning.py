@@ -42,10 +42,13 @@ COPIES = ("pin", "pin_arena", "arena_copy", "h2d_pinned", "h2d_pageable", "h2d_p
 def arena_copy(tensors: list, pin: bool = True) -> tuple[object, list]:
     """``(region, views)``: a ``PinnedRegion`` of exactly the tensors' aligned bytes (page-locked
     when ``pin``), each tensor copied into its own view of it, in order."""
-    region = PinnedRegion(sum(aligned(x.numel() * x.element_size()) for x in tensors), pin=pin)
-    placed = region.copy_in(tensors)
-    assert placed is not None  # sized for them
-    return region, placed[2]
+    nbytes = sum(aligned(x.numel() * x.element_size()) for x in tensors)
+    region = PinnedRegion(nbytes, pin=pin)
+    block = region.block(nbytes)
+    assert block is not None  # sized for them
+    views = [block.put(x) for x in tensors]
+    block.close()
+    return region, views
 
 
 def beside(work: Callable[[], object], background: Callable[[], object]) -> tuple[float, float]:

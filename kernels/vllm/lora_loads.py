@@ -32,7 +32,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from kernels.vllm import lora_pinning, pinned_region
+from kernels.vllm import expert_restack, lora_pinning, pinned_region
 from kernels.vllm.patching import Patches
 
 logger = logging.getLogger("vllm.loraplex")
@@ -146,24 +146,43 @@ def _prepare(manager: Any, lora_request: Any, threads: int, pinning: str) -> Any
         _local.preparing = False
     t1 = time.perf_counter()
     setattr(lora, lora_pinning.MARK, lora_pinning.PREPARING)  # the merge pass below leaves pinning to us
-    manager._adapter_manager._create_merged_loras_inplace(lora)
-    t2 = time.perf_counter()
+    adapter_manager = manager._adapter_manager
     pooled = pinning == lora_pinning.POOLED and lora_pinning.pin_available()
-    copied = pinned_region.adopt(lora) if pooled else 0
-    if copied:
+    block = _block_for(lora) if pooled and expert_restack.restacked_modules(adapter_manager) else None
+    try:
+        restacked = expert_restack.restack_into(adapter_manager, lora, block) if block is not None else 0
+        t2 = time.perf_counter()
+        adapter_manager._create_merged_loras_inplace(lora)
+        t3 = time.perf_counter()
+        copied = pinned_region.adopt(lora, block) if pooled else 0
+    finally:
+        if block is not None:
+            block.close()
+    if restacked or copied:
         setattr(lora, lora_pinning.MARK, lora_pinning.PINNED)
-        pinned = f"copy into the pinned region {time.perf_counter() - t2:.3f} s ({copied / (1 << 20):.0f} MiB)"
+        pinned = (f"restack into the pinned region {t2 - t1:.3f} s ({restacked / (1 << 20):.0f} MiB), " if restacked else "") \
+            + f"copy into it {time.perf_counter() - t3:.3f} s ({copied / (1 << 20):.0f} MiB)"
+        if not copied and any(not t.is_pinned() for t in lora_pinning.host_tensors(lora)):  # leftovers: no room
+            size, seconds = lora_pinning.pin(lora)
+            pinned += f", pin of what found no room {seconds:.3f} s ({size / (1 << 20):.0f} MiB)"
     elif pinning == lora_pinning.DEFERRED:
         setattr(lora, lora_pinning.MARK, lora_pinning.DEFERRED)
         pinned = "pinning after its first activation"
     else:  # eager, or pooled with no room in the region
         size, seconds = lora_pinning.pin(lora)
         pinned = f"pin {seconds:.3f} s ({size / (1 << 20):.0f} MiB)" + (" (no room in the pinned region)" if pooled else "")
-    t3 = time.perf_counter()
+    t4 = time.perf_counter()
     logger.info("adapter %s prepared off the loop in %.3f s: read %.3f s, merge %.3f s, %s (%d torch threads; "
-                "OMP_NUM_THREADS=%s)", lora_request.lora_name, t3 - t0, t1 - t0, t2 - t1, pinned,
+                "OMP_NUM_THREADS=%s)", lora_request.lora_name, t4 - t0, t1 - t0, t3 - t2, pinned,
                 torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS"))
     return lora
+
+
+def _block_for(lora: Any) -> pinned_region.Block | None:
+    """A block of the pinned region for every host tensor of ``lora`` (a restack moves bytes, it
+    adds none); None where the region has no room."""
+    return pinned_region.block(sum(pinned_region.aligned(t.numel() * t.element_size())
+                                   for t in lora_pinning.host_tensors(lora)))
 
 
 def ready(lora_int_id: int) -> bool:

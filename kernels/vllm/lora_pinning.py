@@ -118,7 +118,7 @@ def put_tensor(slot: Slot, tensor: Any) -> None:
 
 def host_tensors(lora_model: Any) -> list[Any]:
     """Every CPU tensor of ``lora_model``, once each (what a pin or a copy into a slot moves)."""
-    return [tensor_at(s) for s in host_tensor_slots(lora_model)]
+    return list({id(t): t for t in map(tensor_at, host_tensor_slots(lora_model))}.values())
 
 
 def pin(lora_model: Any) -> tuple[int, float]:
@@ -127,11 +127,15 @@ def pin(lora_model: Any) -> tuple[int, float]:
     t0 = time.perf_counter()
     done = 0
     if _pin_available:
+        copies: dict[int, tuple[Any, Any]] = {}  # id -> (the original, kept alive: ids stay unique; its copy)
         for slot in host_tensor_slots(lora_model):
             t = tensor_at(slot)
-            if not t.is_pinned():
-                put_tensor(slot, _pin_tensor(t))
+            if t.is_pinned():
+                continue
+            if id(t) not in copies:  # a tensor held under two names (vLLM's 3-D MoE restack) is pinned once
+                copies[id(t)] = (t, _pin_tensor(t))
                 done += t.numel() * t.element_size()
+            put_tensor(slot, copies[id(t)][1])
     setattr(lora_model, MARK, PINNED)
     return done, time.perf_counter() - t0
 

@@ -3,17 +3,20 @@
 Page-locking fresh host memory (``pin_memory``: cudaHostAlloc) takes the CUDA driver for as long
 as the kernel page-locks, and a large MoE adapter's host copy is most of its load's host work
 (``kernels.vllm.lora_pinning``). With a region reserved at start, an adapter prepared with
-``POOLED`` (``kernels.vllm.lora_loads``) is copied into one block of it instead: a memcpy, no
-driver call. Blocks are first-fit, ``ALIGN``-aligned, one per adapter, every host tensor of the
-adapter a view of it. Invariant: a block returns to the free list only once every view made of
-it has been collected (vLLM dropped the adapter from its CPU cache), so no live tensor ever
-shares bytes with another adapter's.
+``POOLED`` (``kernels.vllm.lora_loads``) is written into a block of it instead: a memcpy, or the
+restack of its experts itself (``kernels.vllm.expert_restack``), no driver call. Blocks are
+first-fit, ``ALIGN``-aligned, every host tensor of the adapter a view of one (of two where the
+first had no room left). Invariant: a block returns to the free list only once its writer closed
+it and every view taken of it has been collected (vLLM dropped the adapter from its CPU cache),
+so no live tensor ever shares bytes with another adapter's. A view is what the adapter holds:
+nothing may keep a tensor derived from it (a slice, a reshape) past the view itself.
 """
 
 from __future__ import annotations
 
 import bisect
 import logging
+import math
 import threading
 import time
 import weakref
@@ -30,17 +33,46 @@ def aligned(nbytes: int) -> int:
     return -(-nbytes // ALIGN) * ALIGN
 
 
-class _Block:
-    """One adapter's bytes; released when its last view is collected."""
+class Block:
+    """One adapter's bytes, handed out as aligned views in order (``take``, ``put``). The writer's
+    own hold keeps it until ``close``; afterwards it returns to the region once every view taken
+    has been collected (the views are what the adapter's tensors are)."""
 
-    def __init__(self, region: PinnedRegion, offset: int, size: int, views: int) -> None:
-        self.region, self.offset, self.size, self.alive = region, offset, size, views
+    def __init__(self, region: PinnedRegion, offset: int, size: int) -> None:
+        self.region, self.offset, self.size = region, offset, size
+        self._pos, self._alive = offset, 1  # the writer's hold
         self._lock = threading.Lock()
 
-    def view_collected(self) -> None:
+    def left(self) -> int:
+        return self.offset + self.size - self._pos
+
+    def take(self, shape: Any, dtype: Any) -> Any:
+        """An uninitialised view of ``shape`` / ``dtype`` at the next aligned offset; raises
+        ``ValueError`` past the block's end."""
+        nbytes = math.prod(shape) * dtype.itemsize
+        if aligned(nbytes) > self.left():
+            raise ValueError(f"a block of {self.size} bytes has {self.left()} left, not {aligned(nbytes)}")
+        view = self.region.buffer[self._pos:self._pos + nbytes].view(dtype).view(shape)
+        self._pos += aligned(nbytes)
         with self._lock:
-            self.alive -= 1
-            last = self.alive == 0
+            self._alive += 1
+        weakref.finalize(view, self._drop)
+        return view
+
+    def put(self, tensor: Any) -> Any:
+        """A copy of ``tensor`` in the next view."""
+        view = self.take(tensor.shape, tensor.dtype)
+        view.copy_(tensor)
+        return view
+
+    def close(self) -> None:
+        """Drops the writer's hold (once)."""
+        self._drop()
+
+    def _drop(self) -> None:
+        with self._lock:
+            self._alive -= 1
+            last = self._alive == 0
         if last:
             self.region.release(self.offset, self.size)
 
@@ -63,6 +95,11 @@ class PinnedRegion:
         with self._lock:
             return sum(size for _, size in self._free)
 
+    def holds(self, tensor: Any) -> bool:
+        """Whether ``tensor``'s bytes lie in this region."""
+        start = self.buffer.data_ptr()
+        return start <= tensor.data_ptr() < start + self.nbytes
+
     def allocate(self, nbytes: int) -> int | None:
         """Offset of a free block of ``aligned(nbytes)`` bytes, first fit; None when none fits."""
         size = aligned(nbytes)
@@ -76,6 +113,11 @@ class PinnedRegion:
                     return offset
         return None
 
+    def block(self, nbytes: int) -> Block | None:
+        """A block of at least ``nbytes`` (its writer closes it); None when none fits."""
+        offset = self.allocate(nbytes)
+        return None if offset is None else Block(self, offset, aligned(nbytes))
+
     def release(self, offset: int, nbytes: int) -> None:
         """The block at ``offset`` free again, merged with free neighbours."""
         with self._lock:
@@ -88,36 +130,30 @@ class PinnedRegion:
                     merged.append((off, size))
             self._free = merged
 
-    def copy_in(self, tensors: list[Any]) -> tuple[int, int, list[Any]] | None:
-        """One block holding a copy of each of ``tensors``, each an aligned view of it, in order:
-        ``(its offset, its size, the views)``; None when no block fits."""
-        sizes = [aligned(t.numel() * t.element_size()) for t in tensors]
-        offset = self.allocate(sum(sizes))
-        if offset is None:
-            return None
-        views, pos = [], offset
-        for t, size in zip(tensors, sizes):
-            view = self.buffer[pos:pos + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
-            view.copy_(t)
-            views.append(view)
-            pos += size
-        return offset, sum(sizes), views
-
-    def adopt(self, lora_model: Any) -> int:
-        """Copies every host tensor of ``lora_model`` into one block and replaces each by its view
-        (``lora_pinning.put_tensor``, one at a time); the bytes copied, or 0 when no block fits
-        (nothing changed)."""
-        slots = host_tensor_slots(lora_model)
-        tensors = [tensor_at(s) for s in slots]
-        placed = self.copy_in(tensors) if tensors else None
-        if placed is None:
+    def adopt(self, lora_model: Any, block: Block | None = None) -> int:
+        """Copies every host tensor of ``lora_model`` not in the region yet into ``block`` (one
+        of its own when ``block`` is None or has no room left), each tensor once however many
+        names hold it (vLLM's 3-D MoE restack leaves gate_up under two), and replaces it by its
+        view wherever it is held (``lora_pinning.put_tensor``, one at a time); the bytes copied,
+        or 0 when no block fits (nothing changed) or nothing is left. A given block stays open."""
+        slots = [s for s in host_tensor_slots(lora_model) if not self.holds(tensor_at(s))]
+        distinct = list({id(t): t for t in map(tensor_at, slots)}.values())
+        if not distinct:
             return 0
-        offset, size, views = placed
-        block = _Block(self, offset, size, len(views))
-        for slot, view in zip(slots, views):
-            weakref.finalize(view, block.view_collected)
-            put_tensor(slot, view)
-        return sum(t.numel() * t.element_size() for t in tensors)
+        need = sum(aligned(t.numel() * t.element_size()) for t in distinct)
+        own = block is None or block.left() < need
+        if own:
+            block = self.block(need)
+            if block is None:
+                return 0
+        try:
+            views = {id(t): block.put(t) for t in distinct}
+        finally:
+            if own:
+                block.close()
+        for slot in slots:
+            put_tensor(slot, views[id(tensor_at(slot))])
+        return sum(t.numel() * t.element_size() for t in distinct)
 
 
 _region: PinnedRegion | None = None
@@ -139,10 +175,17 @@ def reserve(nbytes: int, pin: bool) -> tuple[int, float]:
         return (_region.nbytes if _region is not None else 0), time.perf_counter() - t0
 
 
-def adopt(lora_model: Any) -> int:
-    """``lora_model``'s host copy moved into this process's region; 0 where there is none or it is full."""
+def block(nbytes: int) -> Block | None:
+    """A block of this process's region (its writer closes it); None where there is none or no room."""
     region = _region
-    return region.adopt(lora_model) if region is not None else 0
+    return region.block(nbytes) if region is not None else None
+
+
+def adopt(lora_model: Any, into: Block | None = None) -> int:
+    """``lora_model``'s host copy moved into this process's region (``into`` first where given);
+    0 where there is none or it is full."""
+    region = _region
+    return region.adopt(lora_model, into) if region is not None else 0
 
 
 def forget() -> None:

@@ -177,3 +177,13 @@ def test_deferred_pinning_page_locks_every_tensor_on_a_gpu_host():
         assert all(torch.equal(a, b) for a, b in zip(lora_tensors(model), reference))
     finally:
         patches.undo()
+
+
+def test_a_tensor_held_under_two_names_is_pinned_once(pinned):
+    model = small_lora_model()
+    model.loras["layers.qkv"].lora_a[0] = model.loras["layers.0.proj"].lora_a
+    size, _ = lora_pinning.pin(model)
+    distinct = list({id(t): t for t in lora_tensors(small_lora_model())}.values())
+    assert len(pinned) == len(distinct) - 1  # the replaced qkv A is gone; the shared one pinned once
+    assert model.loras["layers.qkv"].lora_a[0] is model.loras["layers.0.proj"].lora_a
+    assert size == sum(t.numel() * t.element_size() for t in pinned)

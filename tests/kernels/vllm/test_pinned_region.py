@@ -124,3 +124,16 @@ def test_a_pooled_preparation_copies_into_the_region_else_pins_eagerly(monkeypat
         assert not any(inside) and getattr(model, lora_pinning.MARK) == lora_pinning.PINNED
         # every tensor replaced by its "pinned" copy
         assert not {t.data_ptr() for t in before} & {t.data_ptr() for t in lora_tensors(model)}
+
+
+def test_a_tensor_held_under_two_names_is_copied_once():
+    """vLLM's 3-D MoE restack leaves gate_up's tensors under ``<experts>.base_layer`` and in
+    ``<experts>``'s lists: one copy, both names hold the same view."""
+    region = PinnedRegion(1 << 20, pin=False)
+    model = _model()
+    shared = model.loras["layers.0.proj"].lora_a
+    model.loras["layers.qkv"].lora_a[0] = shared
+    distinct = list({id(t): t for t in lora_tensors(model)}.values())
+    assert region.adopt(model) == sum(t.numel() * t.element_size() for t in distinct)
+    assert model.loras["layers.qkv"].lora_a[0] is model.loras["layers.0.proj"].lora_a
+    assert region.holds(model.loras["layers.0.proj"].lora_a)
