@@ -33,6 +33,19 @@ def _flat(model) -> dict[str, list]:
     return out
 
 
+def _assert_same(got_model, want_model) -> None:
+    """Same modules, each with the same tensors (shape, dtype, values; gaps kept) and scaling."""
+    got, want = _flat(got_model), _flat(want_model)
+    assert got.keys() == want.keys()
+    for name in want:
+        assert len(got[name]) == len(want[name]), name
+        for a, b in zip(got[name], want[name]):
+            if isinstance(b, torch.Tensor):
+                assert a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b), name
+            else:
+                assert a == b, name
+
+
 def _distinct(model) -> list[torch.Tensor]:
     return lora_pinning.host_tensors(model)
 
@@ -48,15 +61,7 @@ def test_the_restack_into_a_block_equals_vllms_merge_pass(ep_size, ep_rank):
     _vllms_merge(manager, ours)  # packs q/k/v, scales attention B; leaves the stacked experts
     copied = region.adopt(ours, block)
     block.close()
-    got, want = _flat(ours), _flat(theirs)
-    assert got.keys() == want.keys()
-    for name in want:
-        assert len(got[name]) == len(want[name]), name
-        for a, b in zip(got[name], want[name]):
-            if isinstance(b, torch.Tensor):
-                assert a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b), name
-            else:
-                assert a == b, name
+    _assert_same(ours, theirs)
     experts = ours.loras["model.layers.0.mlp.experts"]
     assert experts.lora_a[0] is ours.loras["model.layers.0.mlp.experts.base_layer"].lora_a  # held twice, as vLLM does
     assert experts.lora_a[0].shape == (4 // ep_size, 4, 24)
@@ -128,5 +133,4 @@ def test_a_pooled_preparation_restacks_straight_into_the_region(monkeypatch, cap
     assert all(region.holds(t) for t in _distinct(model))
     used = region.nbytes - region.free_bytes()
     assert used == aligned(sum(aligned(t.numel() * t.element_size()) for t in _distinct(model)))  # one block
-    for name, (got, want) in ((n, (_flat(model)[n], v)) for n, v in _flat(reference).items()):
-        assert all(torch.equal(a, b) if isinstance(b, torch.Tensor) else a == b for a, b in zip(got, want)), name
+    _assert_same(model, reference)
