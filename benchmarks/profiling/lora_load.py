@@ -11,7 +11,15 @@ leaves them).
 5. ``h2d``: every tensor copied into a GPU buffer of its shape (what activating it in a slot
    moves), synchronised.
 
-    python -m benchmarks.profiling.lora_load FOLDER [--reps 3] [--threads 1,0] [--json OUT]
+With ``--pooled``, the two ways a ``pooled`` load reaches its block of the pinned region, side by
+side on the same folder (alternating, each from a fresh read): ``vllm_then_copy`` (steps 2 and 3,
+then every tensor copied into a block: what a pooled load did before the restack moved into the
+block) and ``restack_into_block`` (``kernels.vllm.expert_restack.restack_pair`` writes the experts
+scaled into the block, then the attention layers are scaled and copied after them). The region is
+page-locked on a CUDA host, pageable elsewhere. The first read of a tensor's bytes lands in
+whichever step touches it first (vLLM's reader maps the file lazily).
+
+    python -m benchmarks.profiling.lora_load FOLDER [--reps 3] [--threads 1,0] [--json OUT] [--pooled]
 """
 
 from __future__ import annotations
@@ -22,9 +30,13 @@ import statistics
 import time
 from pathlib import Path
 
+from kernels.vllm.expert_restack import restack_pair
 from kernels.vllm.lora_pinning import host_tensors
+from kernels.vllm.pinned_region import PinnedRegion, aligned
 
 STEPS = ("read", "restack", "scale", "pin", "h2d")
+POOLED_WAYS = ("vllm_then_copy", "restack_into_block")
+POOLED_STEPS = ("read", "restack", "scale", "copy")  # restack_into_block: restack = into the block, scaled
 
 
 def _modules(path: Path) -> set[str]:
@@ -74,6 +86,81 @@ def read_as_vllm(path: Path, num_experts: int, times: dict[str, float] | None = 
     return lora
 
 
+def _read(path: Path):
+    import torch
+    from vllm.lora.lora_model import LoRAModel
+    from vllm.lora.peft_helper import PEFTHelper
+
+    peft = PEFTHelper.from_local_dir(str(path), None)
+    return LoRAModel.from_local_checkpoint(str(path), _modules(path), peft, lora_model_id=1, device="cpu",
+                                           dtype=torch.bfloat16)
+
+
+def region_for(path: Path) -> PinnedRegion:
+    """A region of the folder's tensor bytes (aligned), page-locked on a CUDA host, every page
+    touched: as the region a replica reserves at start stands when a load arrives."""
+    import torch
+
+    lora = _read(path)
+    region = PinnedRegion(sum(aligned(t.numel() * t.element_size()) for t in host_tensors(lora)),
+                          pin=torch.cuda.is_available())
+    region.buffer.zero_()
+    return region
+
+
+def pooled_once(path: Path, num_experts: int, way: str, region: PinnedRegion) -> dict[str, float]:
+    """One pooled preparation of ``path`` the ``way`` named (``POOLED_WAYS``) into ``region``
+    (``region_for``; empty again when this returns); seconds per step (``POOLED_STEPS``) and the
+    bytes that ended in the block."""
+    times: dict[str, float] = {}
+    if way == "vllm_then_copy":
+        lora = read_as_vllm(path, num_experts, times)
+        t = time.perf_counter()
+        times["bytes"] = float(region.adopt(lora))
+        times["copy"] = time.perf_counter() - t
+        return times
+    if way != "restack_into_block":
+        raise ValueError(f"way must be one of {POOLED_WAYS}, not {way!r}")
+    t = time.perf_counter()
+    lora = _read(path)
+    times["read"] = time.perf_counter() - t
+    block = region.block(region.nbytes)
+    assert block is not None  # sized for it, and empty
+    t = time.perf_counter()
+    written = 0
+    for name in [n for n in lora.loras if n.endswith(".experts")]:
+        if (gate_up := lora.loras.get(name + ".base_layer")) is not None:
+            written += restack_pair(gate_up, lora.loras[name], num_experts, 0, num_experts, block)
+    times["restack"] = time.perf_counter() - t
+    t = time.perf_counter()
+    for w in lora.loras.values():
+        w.optimize()  # the attention layers (the experts' scaling is 1 now)
+    times["scale"] = time.perf_counter() - t
+    t = time.perf_counter()
+    written += region.adopt(lora, block)
+    times["copy"] = time.perf_counter() - t
+    block.close()
+    times["bytes"] = float(written)
+    return times
+
+
+def pooled_table(path: Path, num_experts: int, reps: int) -> tuple[str, dict[str, list[dict[str, float]]]]:
+    """Both ways ``reps`` times, alternating; a markdown table of the medians (ms) and the runs."""
+    runs: dict[str, list[dict[str, float]]] = {w: [] for w in POOLED_WAYS}
+    region = region_for(path)
+    for _ in range(reps):
+        for way in POOLED_WAYS:
+            runs[way].append(pooled_once(path, num_experts, way, region))
+            assert region.free_bytes() == region.nbytes  # the adapter is gone, its block back
+    lines = ["| way | " + " | ".join(POOLED_STEPS) + " | total | MiB in the block |", "|" + "---|" * (len(POOLED_STEPS) + 3)]
+    for way, rs in runs.items():
+        med = {s: statistics.median(r[s] for r in rs) * 1e3 for s in POOLED_STEPS}
+        total = statistics.median(sum(r[s] for s in POOLED_STEPS) for r in rs) * 1e3
+        lines.append(f"| {way} | " + " | ".join(f"{med[s]:.1f}" for s in POOLED_STEPS)
+                     + f" | {total:.1f} | {rs[0]['bytes'] / 2**20:.1f} |")
+    return "\n".join(lines), runs
+
+
 def once(path: Path, num_experts: int) -> dict[str, float]:
     import torch
 
@@ -103,10 +190,21 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", default="1,0", help="torch intra-op threads to run with, comma-separated (0: "
                     "torch's default here); the engine process's own count depends on how it was started")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--pooled", action="store_true", help="the two ways into the pinned region's block, side by side")
     args = ap.parse_args(argv)
     import torch
 
     default = torch.get_num_threads()
+    if args.pooled:
+        out_pooled = {}
+        for n in [int(x) or default for x in args.threads.split(",")]:
+            torch.set_num_threads(n)
+            table, out_pooled[n] = pooled_table(args.folder, args.experts, args.reps)
+            print(f"{n} torch threads, median of {args.reps} (ms):\n{table}\n")
+        torch.set_num_threads(default)
+        if args.json:
+            args.json.write_text(json.dumps({"folder": args.folder.name, "pooled_runs_by_threads": out_pooled}, indent=1))
+        return
     out, mib = {}, 0.0
     print("| torch threads | " + " | ".join(STEPS) + " | total |\n|" + "---|" * (len(STEPS) + 2))
     for n in [int(x) or default for x in args.threads.split(",")]:

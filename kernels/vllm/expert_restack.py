@@ -46,13 +46,22 @@ def restack_into(adapter_manager: Any, lora_model: Any, block: Block) -> int:
         if down is None or gate_up is None or not torch.is_tensor(down.lora_a):
             continue
         local = module.w13_lora_a_stacked[0].shape[1]
-        start, experts = module.ep_rank * local, module.global_num_experts
-        pairs = [(_a(w.lora_a, experts, start, local, block), _b(w.lora_b, experts, start, local, w.scaling, block))
-                 for w in (gate_up, down)]
-        for w, (a, b) in zip((gate_up, down), pairs):
-            w.lora_a, w.lora_b, w.scaling = a, b, 1
-            written += a.numel() * a.element_size() + b.numel() * b.element_size()
-        down.lora_a, down.lora_b = [p[0] for p in pairs], [p[1] for p in pairs]
+        written += restack_pair(gate_up, down, module.global_num_experts, module.ep_rank * local, local, block)
+    return written
+
+
+def restack_pair(gate_up: Any, down: Any, experts: int, start: int, local: int, block: Block) -> int:
+    """One module's pair (``LoRALayerWeights`` of gate_up and down, 2-D tensors as read) restacked
+    into ``block`` for experts ``start … start+local-1`` of ``experts``: each side's tensors
+    replaced by views, scaling 1, ``down`` holding the lists ``[gate_up, down]``; the bytes
+    written. Raises ``ValueError`` (nothing replaced) when the block is too small."""
+    pairs = [(_a(w.lora_a, experts, start, local, block), _b(w.lora_b, experts, start, local, w.scaling, block))
+             for w in (gate_up, down)]
+    written = 0
+    for w, (a, b) in zip((gate_up, down), pairs):
+        w.lora_a, w.lora_b, w.scaling = a, b, 1
+        written += a.numel() * a.element_size() + b.numel() * b.element_size()
+    down.lora_a, down.lora_b = [p[0] for p in pairs], [p[1] for p in pairs]
     return written
 
 
