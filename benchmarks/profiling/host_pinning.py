@@ -34,7 +34,7 @@ from pathlib import Path
 
 from benchmarks.profiling.lora_load import read_as_vllm
 from kernels.vllm.lora_pinning import host_tensors
-from kernels.vllm.pinned_region import PinnedRegion, aligned
+from kernels.vllm.pinned_region import PinnedRegion, footprint
 
 COPIES = ("pin", "pin_arena", "arena_copy", "h2d_pinned", "h2d_pageable", "h2d_pageable_beside_pin")
 
@@ -42,7 +42,7 @@ COPIES = ("pin", "pin_arena", "arena_copy", "h2d_pinned", "h2d_pageable", "h2d_p
 def arena_copy(tensors: list, pin: bool = True) -> tuple[object, list]:
     """``(region, views)``: a ``PinnedRegion`` of exactly the tensors' aligned bytes (page-locked
     when ``pin``), each tensor copied into its own view of it, in order."""
-    nbytes = sum(aligned(x.numel() * x.element_size()) for x in tensors)
+    nbytes = footprint(tensors)
     region = PinnedRegion(nbytes, pin=pin)
     block = region.block(nbytes)
     assert block is not None  # sized for them

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from kernels.vllm.expert_restack import restack_pair
 from kernels.vllm.lora_pinning import host_tensors
-from kernels.vllm.pinned_region import PinnedRegion, aligned
+from kernels.vllm.pinned_region import PinnedRegion, footprint
 
 STEPS = ("read", "restack", "scale", "pin", "h2d")
 POOLED_WAYS = ("vllm_then_copy", "restack_into_block")
@@ -66,15 +66,9 @@ def _restack(lora, num_experts: int) -> None:
 def read_as_vllm(path: Path, num_experts: int, times: dict[str, float] | None = None):
     """The adapter as vLLM's manager holds it before pinning: read, restacked, scaled (each
     step's seconds into ``times`` when given); returns the ``LoRAModel``."""
-    import torch
-    from vllm.lora.lora_model import LoRAModel
-    from vllm.lora.peft_helper import PEFTHelper
-
     times = {} if times is None else times
     t = time.perf_counter()
-    peft = PEFTHelper.from_local_dir(str(path), None)
-    lora = LoRAModel.from_local_checkpoint(str(path), _modules(path), peft, lora_model_id=1, device="cpu",
-                                           dtype=torch.bfloat16)
+    lora = _read(path)
     times["read"] = time.perf_counter() - t
     t = time.perf_counter()
     _restack(lora, num_experts)
@@ -87,6 +81,7 @@ def read_as_vllm(path: Path, num_experts: int, times: dict[str, float] | None = 
 
 
 def _read(path: Path):
+    """``LoRAModel.from_local_checkpoint`` on the CPU (vLLM's own: safetensors mapped, dtype)."""
     import torch
     from vllm.lora.lora_model import LoRAModel
     from vllm.lora.peft_helper import PEFTHelper
@@ -102,8 +97,7 @@ def region_for(path: Path) -> PinnedRegion:
     import torch
 
     lora = _read(path)
-    region = PinnedRegion(sum(aligned(t.numel() * t.element_size()) for t in host_tensors(lora)),
-                          pin=torch.cuda.is_available())
+    region = PinnedRegion(footprint(host_tensors(lora)), pin=torch.cuda.is_available())
     region.buffer.zero_()
     return region
 

@@ -181,8 +181,7 @@ def _prepare(manager: Any, lora_request: Any, threads: int, pinning: str) -> Any
 def _block_for(lora: Any) -> pinned_region.Block | None:
     """A block of the pinned region for every host tensor of ``lora`` (a restack moves bytes, it
     adds none); None where the region has no room."""
-    return pinned_region.block(sum(pinned_region.aligned(t.numel() * t.element_size())
-                                   for t in lora_pinning.host_tensors(lora)))
+    return pinned_region.block(pinned_region.footprint(lora_pinning.host_tensors(lora)))
 
 
 def ready(lora_int_id: int) -> bool:

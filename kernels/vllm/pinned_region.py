@@ -22,7 +22,7 @@ import time
 import weakref
 from typing import Any
 
-from kernels.vllm.lora_pinning import host_tensor_slots, put_tensor, tensor_at
+from kernels.vllm.lora_pinning import host_tensor_slots, host_tensors, put_tensor, tensor_at
 
 logger = logging.getLogger("vllm.loraplex")
 
@@ -31,6 +31,11 @@ ALIGN = 256  # bytes; every view starts aligned as an allocator's block would
 
 def aligned(nbytes: int) -> int:
     return -(-nbytes // ALIGN) * ALIGN
+
+
+def footprint(tensors: Any) -> int:
+    """Bytes a block needs for a view of each of ``tensors``."""
+    return sum(aligned(t.numel() * t.element_size()) for t in tensors)
 
 
 class Block:
@@ -136,11 +141,10 @@ class PinnedRegion:
         names hold it (vLLM's 3-D MoE restack leaves gate_up under two), and replaces it by its
         view wherever it is held (``lora_pinning.put_tensor``, one at a time); the bytes copied,
         or 0 when no block fits (nothing changed) or nothing is left. A given block stays open."""
-        slots = [s for s in host_tensor_slots(lora_model) if not self.holds(tensor_at(s))]
-        distinct = list({id(t): t for t in map(tensor_at, slots)}.values())
+        distinct = [t for t in host_tensors(lora_model) if not self.holds(t)]
         if not distinct:
             return 0
-        need = sum(aligned(t.numel() * t.element_size()) for t in distinct)
+        need = footprint(distinct)
         own = block is None or block.left() < need
         if own:
             block = self.block(need)
@@ -151,8 +155,9 @@ class PinnedRegion:
         finally:
             if own:
                 block.close()
-        for slot in slots:
-            put_tensor(slot, views[id(tensor_at(slot))])
+        for slot in host_tensor_slots(lora_model):
+            if (view := views.get(id(tensor_at(slot)))) is not None:
+                put_tensor(slot, view)
         return sum(t.numel() * t.element_size() for t in distinct)
 
 

@@ -5,7 +5,6 @@ pageable here (no CUDA); the layouts and the block's bookkeeping do not depend o
 
 from __future__ import annotations
 
-import copy
 import gc
 import types
 
@@ -56,7 +55,7 @@ def test_the_restack_into_a_block_equals_vllms_merge_pass(ep_size, ep_rank):
     ours, theirs = moe_3d_lora_model(), moe_3d_lora_model()
     _vllms_merge(manager, theirs)
     region = PinnedRegion(1 << 20, pin=False)
-    block = region.block(sum(aligned(t.numel() * t.element_size()) for t in _distinct(ours)))
+    block = region.block(pinned_region.footprint(_distinct(ours)))
     written = expert_restack.restack_into(manager, ours, block)
     _vllms_merge(manager, ours)  # packs q/k/v, scales attention B; leaves the stacked experts
     copied = region.adopt(ours, block)
@@ -76,7 +75,7 @@ def test_the_block_returns_to_the_region_when_the_adapter_goes():
     manager = moe_3d_manager()
     model = moe_3d_lora_model()
     region = PinnedRegion(1 << 20, pin=False)
-    block = region.block(sum(aligned(t.numel() * t.element_size()) for t in _distinct(model)))
+    block = region.block(pinned_region.footprint(_distinct(model)))
     expert_restack.restack_into(manager, model, block)
     _vllms_merge(manager, model)
     region.adopt(model, block)
