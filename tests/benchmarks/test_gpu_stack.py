@@ -333,3 +333,31 @@ def test_engine_settings_reach_every_systems_engine_arguments(tmp_path):
     assert stock["max_lora_rank"] == 32 and stock["enable_prefix_caching"] is False
     # stock vLLM runs its own scheduler: none of loraplex's rules (deploy/h200.yaml turns them on)
     assert not {"scheduler_cls", "scheduling_policy", "additional_config", "worker_extension_cls"} & set(stock)
+
+
+def test_a_published_report_names_no_host_path_and_keeps_aggregates_only():
+    """``publish.publishable``: the interpreter, the checkout, the work and output folders and a
+    merged file are named by role in every field; records go, aggregates stay."""
+    from benchmarks.gpu_stack_parts.models import SystemRun
+    from benchmarks.gpu_stack_parts.publish import RUN_SEPARATOR, publishable
+    from benchmarks.loadgen.spec import RequestRecord
+
+    plan = build_plan("default", "gptoss-mxfp4")
+    phase = _phase("loraplex", plan, 50.0, 10.0, 10.5, 90.0)
+    phase.result.records = [RequestRecord(index=0, adapter="a", model="a", start_s=0.0, status=200, ok=True,
+                                          expected_output_tokens=4)]
+    run = "/venv/x/bin/python3 /src/co/benchmarks/gpu_stack.py --out /scratch/out/gsL --workdir /scratch/wd"
+    command = run + RUN_SEPARATOR + run.replace("gsL", "gsE") + " --merge /scratch/gsL.json"
+    report = StackReport(date="d", command=command, plan=plan.model_dump(), estimate_s=0, systems=[
+        SystemRun(system="loraplex", label="d", phases=[phase], log="/scratch/wd/loraplex/loraplex.log",
+                  command="/venv/x/bin/python3 -m app.cli.main serve /scratch/wd/loraplex/config.yaml")])
+    published = publishable(report)
+    text = published.model_dump_json()
+    assert not any(p in text for p in ("/venv", "/src/co", "/scratch"))
+    assert published.command.startswith("python3 benchmarks/gpu_stack.py --out $OUT/gsL --workdir $GPU_STACK_WORKDIR")
+    assert published.command.endswith("--merge <earlier run>/gpu_stack.json")
+    assert published.systems[0].log == "$GPU_STACK_WORKDIR/loraplex/loraplex.log"
+    assert published.systems[0].command == "python3 -m app.cli.main serve $GPU_STACK_WORKDIR/loraplex/config.yaml"
+    assert published.systems[0].phases[0].result.records == []
+    assert published.systems[0].phases[0].result.aggregate == phase.result.aggregate
+    assert report.systems[0].phases[0].result.records  # the report given is left as it was

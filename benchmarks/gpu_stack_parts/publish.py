@@ -1,0 +1,81 @@
+"""A run's report as it is committed under ``benchmarks/results/``: the reports of one machine
+start merged in order (``benchmarks.gpu_stack.merge_reports``), per-request records dropped
+(aggregates only), and no path of the host it ran on: the interpreter becomes ``python3``, the
+checkout the current folder, each run's ``--workdir`` ``$GPU_STACK_WORKDIR``, its ``--out``
+``$OUT/<name>``, a ``--merge`` file ``<earlier run>/gpu_stack.json``.
+
+    python -m benchmarks.gpu_stack_parts.publish REPORT [REPORT ...] --json FILE [--plot PNG]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import shutil
+import tempfile
+from pathlib import Path
+
+from benchmarks.gpu_stack_parts.models import StackReport
+
+RUN_SEPARATOR = " ; then "  # how merge_reports joins the runs' command lines
+SCRIPT = "benchmarks/gpu_stack.py"
+
+
+def host_paths(command: str) -> dict[str, str]:
+    """Host path -> its portable name, for every run's command line in ``command``."""
+    names: dict[str, str] = {}
+    for run in command.split(RUN_SEPARATOR):
+        args = shlex.split(run)
+        if not args:
+            continue
+        names[args[0]] = "python3"
+        for arg in args[1:]:
+            if arg.endswith("/" + SCRIPT):
+                names[arg[:-len(SCRIPT)]] = ""
+        for flag, name in (("--workdir", lambda v: "$GPU_STACK_WORKDIR"), ("--out", lambda v: f"$OUT/{Path(v).name}"),
+                           ("--merge", lambda v: "<earlier run>/gpu_stack.json")):
+            for i, arg in enumerate(args[:-1]):
+                if arg == flag and args[i + 1].startswith("/"):
+                    names[args[i + 1]] = name(args[i + 1])
+    return names
+
+
+def publishable(report: StackReport) -> StackReport:
+    """``report`` without per-request records and with ``host_paths`` replaced everywhere
+    (longest first, so a folder inside another is named by its own role)."""
+    report = report.model_copy(deep=True)
+    for system in report.systems:
+        for phase in system.phases:
+            phase.result.records = []
+    text = report.model_dump_json(indent=1)
+    for path, name in sorted(host_paths(report.command).items(), key=lambda kv: -len(kv[0])):
+        text = text.replace(path, name)
+    return StackReport.model_validate_json(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from benchmarks.gpu_stack import merge_reports
+    from benchmarks.gpu_stack_parts.output import write_outputs
+    from benchmarks.gpu_stack_parts.plan import build_plan
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("reports", type=Path, nargs="+", help="gpu_stack.json of each run, in the order they ran")
+    ap.add_argument("--json", type=Path, required=True, help="where the published report goes")
+    ap.add_argument("--plot", type=Path, help="where its plot goes")
+    args = ap.parse_args(argv)
+    report = StackReport.model_validate_json(args.reports[0].read_text())
+    plan = build_plan(report.plan["name"], report.plan["model"], tuple(s.system for s in report.systems))
+    for later in args.reports[1:]:
+        report, plan = merge_reports(report, StackReport.model_validate_json(later.read_text()), None,
+                                     report.plan["model"])
+    report = publishable(report)
+    with tempfile.TemporaryDirectory() as tmp:
+        print(write_outputs(report, plan, Path(tmp)))
+        if args.plot:
+            shutil.copyfile(Path(tmp) / "gpu_stack.png", args.plot)
+    args.json.write_text(report.model_dump_json(indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
