@@ -5,6 +5,7 @@ checkout the current folder, each run's ``--workdir`` ``$GPU_STACK_WORKDIR``, it
 ``$OUT/<name>``, a ``--merge`` file ``<earlier run>/gpu_stack.json``.
 
     python -m benchmarks.gpu_stack_parts.publish REPORT [REPORT ...] --json FILE [--plot PNG]
+    python -m benchmarks.gpu_stack_parts.publish --paths-only FILE [FILE ...]   # committed files: paths, nothing else
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ RUN_SEPARATOR = " ; then "  # how merge_reports joins the runs' command lines
 SCRIPT = "benchmarks/gpu_stack.py"
 
 
-def host_paths(command: str) -> dict[str, str]:
-    """Host path -> its portable name, for every run's command line in ``command``."""
+def host_paths(report: StackReport) -> dict[str, str]:
+    """Host path -> its portable name, from every run's command line and every system's
+    interpreter in ``report``."""
     names: dict[str, str] = {}
-    for run in command.split(RUN_SEPARATOR):
+    for run in report.command.split(RUN_SEPARATOR):
         args = shlex.split(run)
         if not args:
             continue
@@ -37,20 +39,28 @@ def host_paths(command: str) -> dict[str, str]:
             for i, arg in enumerate(args[:-1]):
                 if arg == flag and args[i + 1].startswith("/"):
                     names[args[i + 1]] = name(args[i + 1])
-    return names
+    for system in report.systems:
+        interpreter = (system.command or "").split(" ", 1)[0]
+        if interpreter.startswith("/") and Path(interpreter).name.startswith("python"):
+            names[interpreter] = "python3"
+    return {path: name for path, name in names.items() if path.startswith("/")}
+
+
+def portable(text: str, names: dict[str, str]) -> str:
+    """``text`` with each path of ``names`` replaced by its name (longest first, so a folder
+    inside another is named by its own role)."""
+    for path, name in sorted(names.items(), key=lambda kv: -len(kv[0])):
+        text = text.replace(path, name)
+    return text
 
 
 def publishable(report: StackReport) -> StackReport:
-    """``report`` without per-request records and with ``host_paths`` replaced everywhere
-    (longest first, so a folder inside another is named by its own role)."""
+    """``report`` without per-request records and with its ``host_paths`` named everywhere."""
     report = report.model_copy(deep=True)
     for system in report.systems:
         for phase in system.phases:
             phase.result.records = []
-    text = report.model_dump_json(indent=1)
-    for path, name in sorted(host_paths(report.command).items(), key=lambda kv: -len(kv[0])):
-        text = text.replace(path, name)
-    return StackReport.model_validate_json(text)
+    return StackReport.model_validate_json(portable(report.model_dump_json(indent=1), host_paths(report)))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,9 +70,18 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("reports", type=Path, nargs="+", help="gpu_stack.json of each run, in the order they ran")
-    ap.add_argument("--json", type=Path, required=True, help="where the published report goes")
+    ap.add_argument("--json", type=Path, help="where the published report goes")
     ap.add_argument("--plot", type=Path, help="where its plot goes")
+    ap.add_argument("--paths-only", action="store_true",
+                    help="rewrite each REPORT's host paths in place, its text otherwise unchanged")
     args = ap.parse_args(argv)
+    if args.paths_only:
+        for path in args.reports:
+            text = path.read_text()
+            path.write_text(portable(text, host_paths(StackReport.model_validate_json(text))))
+        return 0
+    if args.json is None:
+        ap.error("--json is required unless --paths-only")
     report = StackReport.model_validate_json(args.reports[0].read_text())
     plan = build_plan(report.plan["name"], report.plan["model"], tuple(s.system for s in report.systems))
     for later in args.reports[1:]:

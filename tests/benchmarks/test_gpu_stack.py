@@ -361,3 +361,18 @@ def test_a_published_report_names_no_host_path_and_keeps_aggregates_only():
     assert published.systems[0].phases[0].result.records == []
     assert published.systems[0].phases[0].result.aggregate == phase.result.aggregate
     assert report.systems[0].phases[0].result.records  # the report given is left as it was
+
+
+def test_a_committed_report_gets_its_paths_named_and_nothing_else(tmp_path):
+    """``--paths-only`` on a report written by an older version (fields it lacks stay absent), whose
+    top command was already made portable by hand: the systems' interpreter is still found."""
+    from benchmarks.gpu_stack_parts.publish import main
+
+    text = ('{"date": "d", "command": "python3 benchmarks/gpu_stack.py --workdir /scratch/wd", "plan": {}, '
+            '"estimate_s": 0, "systems": [{"system": "vllm-base", "label": "a", '
+            '"command": "/venv/x/bin/python3 -m vllm --lora-modules a=/scratch/wd/adapters/a", '
+            '"log": "/scratch/wd/vllm-base.log"}]}')
+    path = tmp_path / "r.json"
+    path.write_text(text)
+    assert main(["--paths-only", str(path)]) == 0
+    assert path.read_text() == text.replace("/venv/x/bin/python3", "python3").replace("/scratch/wd", "$GPU_STACK_WORKDIR")
