@@ -7,7 +7,9 @@ read-back of the claim token narrows the race to milliseconds), uploads the file
 a partial version. Removal deletes the manifest first. Downloads stream one GET per file and
 hash it on a helper thread as bytes arrive; with ``concurrency > 1`` large files come as
 parallel ranged GETs pinned to the first response's ETag (a file replaced mid-download fails
-instead of mixing bytes), hashed in order while later ranges are still in flight.
+instead of mixing bytes), hashed in order while later ranges are still in flight. The SDK's own
+response checksum (a CRC32 of the whole body, on the reading thread, for objects written in one
+PUT) is off: every byte is verified against the manifest's sha256 parts anyway.
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ class S3AdapterStore(AdapterStore):
                 read_timeout=read_timeout_s,
                 retries={"max_attempts": max_attempts, "mode": "standard"},
                 max_pool_connections=concurrency + 4,
+                response_checksum_validation="when_required",  # sha256 parts verify every byte already
             ),
         )
         self.transfer = TransferConfig(

@@ -260,3 +260,18 @@ def test_publish_reports_upload_progress_in_bytes(s3, bucket, base):
     m = s3_store(s3, bucket).publish(tiny_assets()["attn"], "acme-progress", "acme", base,
                                      progress=lambda n, total: calls.append((n, total)))
     assert {total for _, total in calls} == {m.total_bytes} and sum(n for n, _ in calls) == m.total_bytes
+
+
+def test_downloads_skip_the_sdks_redundant_crc32_pass(s3, bucket, base, tmp_path):
+    """An object written in one PUT carries a whole-object CRC32 that boto3 would recompute on the
+    reading thread of every download; the store reads it without (the sha256 parts verify it)."""
+    from botocore.httpchecksum import StreamingChecksumBody
+
+    store = s3_store(s3, bucket, part_bytes=1 << 30)  # one PUT per file
+    m = store.publish(synthetic_adapter(tmp_path / "src", base, r=16, experts="3d"), "one-put", "acme", base)
+    key = "adapters/one-put/1/adapter_model.safetensors"
+    assert isinstance(s3.client().get_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")["Body"],
+                      StreamingChecksumBody)  # the SDK's default would check it
+    with store.open_file(m, WEIGHTS_NAME) as src:
+        assert not isinstance(src.body, StreamingChecksumBody)
+        assert len(src.read()) == m.file(WEIGHTS_NAME).size
