@@ -87,13 +87,24 @@ def with_sdk_checksums(store):
     return crc
 
 
-async def cold_s(store, manifest, cache_dir: Path) -> float:
-    slots = AdapterSlots(NoopEngine(), AdapterCache(cache_dir, 64 * 2**30), 4,
-                         request_factory=lambda m, n, p: _request(m.lora_name, n, p))
+def _slots(cache_dir: Path) -> AdapterSlots:
+    """The real slot table and disk cache under ``cache_dir``, on the no-op engine."""
+    return AdapterSlots(NoopEngine(), AdapterCache(cache_dir, 64 * 2**30), 4,
+                        request_factory=lambda m, n, p: _request(m.lora_name, n, p))
+
+
+async def _use_s(slots: AdapterSlots, store, manifest) -> float:
+    """Seconds of one request's use of ``manifest`` (loaded first if it is not resident)."""
     t0 = time.perf_counter()
     async with slots.use(store, manifest):
         pass
-    seconds = time.perf_counter() - t0
+    return time.perf_counter() - t0
+
+
+async def cold_s(store, manifest, cache_dir: Path) -> float:
+    """The cold tier once, in a cache of its own that is removed afterwards."""
+    slots = _slots(cache_dir)
+    seconds = await _use_s(slots, store, manifest)
     await slots.clear()
     shutil.rmtree(cache_dir, ignore_errors=True)
     return seconds
@@ -106,17 +117,10 @@ async def measure(store, manifest, work: Path, reps: int) -> dict[str, list[floa
         out["raw_get"].append(await asyncio.to_thread(raw_get_s, store, manifest))
         out["cold_sdk_crc"].append(await cold_s(crc_store, manifest, work / f"crc-{i}"))
         cache_dir = work / f"cache-{i}"
-        slots = AdapterSlots(NoopEngine(), AdapterCache(cache_dir, 64 * 2**30), 4,
-                             request_factory=lambda m, n, p: _request(m.lora_name, n, p))
-        t0 = time.perf_counter()
-        async with slots.use(store, manifest):
-            pass
-        out["cold"].append(time.perf_counter() - t0)
+        slots = _slots(cache_dir)
+        out["cold"].append(await _use_s(slots, store, manifest))
         await slots.clear()  # unregistered, files stay cached
-        t0 = time.perf_counter()
-        async with slots.use(store, manifest):
-            pass
-        out["disk_warm"].append(time.perf_counter() - t0)
+        out["disk_warm"].append(await _use_s(slots, store, manifest))
         n = 2000
         t0 = time.perf_counter()
         for _ in range(n):

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from kernels.vllm import expert_restack, lora_loads, lora_pinning, pinned_region
-from kernels.vllm.pinned_region import PinnedRegion, aligned
+from kernels.vllm.pinned_region import PinnedRegion
 from tests.helpers.lora_models import moe_3d_lora_model, moe_3d_manager
 
 
@@ -131,5 +131,5 @@ def test_a_pooled_preparation_restacks_straight_into_the_region(monkeypatch, cap
     assert getattr(model, lora_pinning.MARK) == lora_pinning.PINNED and pins == []
     assert all(region.holds(t) for t in _distinct(model))
     used = region.nbytes - region.free_bytes()
-    assert used == aligned(sum(aligned(t.numel() * t.element_size()) for t in _distinct(model)))  # one block
+    assert used == pinned_region.footprint(_distinct(model))  # one block
     _assert_same(model, reference)
