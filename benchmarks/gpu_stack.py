@@ -61,13 +61,15 @@ from benchmarks.gpu_stack_parts.plan import (
     PLANS,
     SYSTEMS,
     Plan,
+    adapter_id,
     build_plan,
     estimate,
     format_plan,
+    rebuild_plan,
     resources,
     tenant_of,
 )
-from benchmarks.gpu_stack_parts.pushes import local_s3, push
+from benchmarks.gpu_stack_parts.pushes import local_s3, published, push, running_s3
 from benchmarks.gpu_stack_parts.runner import Context, run_plan
 from benchmarks.gpu_stack_parts.serve_config import (
     host_config,
@@ -76,8 +78,7 @@ from benchmarks.gpu_stack_parts.serve_config import (
 )
 from benchmarks.stacks.engine_settings import apply_engine_settings, engine_setting
 
-PUSH_BATCH = 8
-PUSH_WORKERS = 4  # pushes at once while the plan's adapters are prepared (a cold start's runs alone)
+PUSH_WORKERS = 6  # adapters written and pushed at once while loraplex starts (a cold start's runs alone)
 CACHE_SHARE_OF_FREE_DISK = 0.8
 INCOMPLETE = "incomplete: the run was stopped before this system's last phase (these phases were measured)"
 
@@ -98,9 +99,23 @@ def build_parser() -> argparse.ArgumentParser:
                     help="GPT-OSS-20B shape with random weights (MXFP4 experts as released, or bf16), or the embedded CPU model")
     ap.add_argument("--plan", default=None, choices=PLANS, help="default: 'default' on a GPU model, 'tiny' on embedded")
     ap.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated subset of {','.join(SYSTEMS)}")
+    ap.add_argument("--phases", default=None, metavar="NAME,...",
+                    help="only these phases of the plan (e.g. ws64-round-robin,ws64-zipf of the full plan); a system "
+                         "left without phases or cold starts is not started")
+    ap.add_argument("--cold-starts", type=int, default=None, metavar="N",
+                    help="loraplex's cold starts instead of the plan's (1 in default, 3 in full)")
     ap.add_argument("--workdir", default=None, help="model, adapters, configs, logs (default: a new temporary folder)")
     ap.add_argument("--out", default=None, help="where the JSON, the tables and the plot go (default: the work folder)")
     ap.add_argument("--s3-in-memory", action="store_true", help="the S3 server keeps objects in memory, not on disk")
+    ap.add_argument("--s3-endpoint", default=None, metavar="URL",
+                    help="an S3 server already running (e.g. moto started by an earlier command in its own session): "
+                         "adapters it holds are not pushed again, and it is left running")
+    ap.add_argument("--pushes-only", action="store_true",
+                    help="write and push loraplex's adapters into --s3-endpoint's store, then stop (no system runs): "
+                         "a later command with the same endpoint starts its systems on a filled store")
+    ap.add_argument("--cache-gib", type=float, default=None,
+                    help=f"loraplex's disk cache bound (default: {CACHE_SHARE_OF_FREE_DISK} of the free disk, less the "
+                         "store's temporary files)")
     ap.add_argument("--timeout", type=float, default=900.0, help="read timeout of one request, seconds")
     ap.add_argument("--merge", type=Path, default=None,
                     help="gpu_stack.json (or gpu_stack.partial.json: a run stopped midway) of an earlier run on this host (same plan and model, other systems): its "
@@ -136,27 +151,41 @@ def write_local_adapters(ctx: Context) -> None:
 
 
 def push_adapters(ctx: Context) -> None:
-    """Every adapter loraplex addresses pushed with ``loraplex adapters push`` (written first where
-    its folder is not there yet; folders no other system reads are removed once pushed: only the
-    store keeps them). Raises SystemExit on the first failed push."""
+    """Every adapter loraplex addresses pushed with ``loraplex adapters push``, ``PUSH_WORKERS`` at
+    a time, each written first where its folder is not there yet (folders no other system reads
+    are removed once pushed: only the store keeps them, so the disk holds a few at a time).
+    Raises SystemExit on the first failed push; the pushes not started by then are not."""
     t0 = time.perf_counter()
     local = ctx.plan.families(("vllm-lora", "ray-llm", "engine-alone"))
-    for rank, count in sorted(ctx.plan.families(("loraplex",)).items()):
-        for start in range(0, count, PUSH_BATCH):
-            indices = list(range(start, min(start + PUSH_BATCH, count)))
-            folders = write_adapters(ctx.assets, ctx.workdir / "adapters", rank, indices,
-                                     expert_lora=ctx.plan.workload.expert_lora)
-            with ThreadPoolExecutor(PUSH_WORKERS if ctx.assets.gpu else 1) as pool:
-                records = list(pool.map(push, [ctx] * len(indices), folders.values(), folders.keys(),
-                                        map(tenant_of, indices), [rank] * len(indices)))
-            for i, (adapter, folder), rec in zip(indices, folders.items(), records):
+    families = sorted(ctx.plan.families(("loraplex",)).items())
+    for rank, _ in families:  # the templates, before the adapters are written from them at once
+        write_adapters(ctx.assets, ctx.workdir / "adapters", rank, [], expert_lora=ctx.plan.workload.expert_lora)
+    held = published(ctx.store)  # an S3 server kept from an earlier command holds these already
+    jobs = [(rank, i) for rank, count in families for i in range(count) if adapter_id(rank, i) not in held]
+    if held:
+        print(f"{len(held)} adapters already in the store: not pushed again", flush=True)
+
+    def one(rank: int, i: int):
+        folder = next(iter(write_adapters(ctx.assets, ctx.workdir / "adapters", rank, [i],
+                                          expert_lora=ctx.plan.workload.expert_lora).values()))
+        rec = push(ctx, folder, folder.name, tenant_of(i), rank)
+        if rec.ok and i >= local.get(rank, 0):
+            shutil.rmtree(folder, ignore_errors=True)
+        return rec
+
+    with ThreadPoolExecutor(PUSH_WORKERS if ctx.assets.gpu else 1, thread_name_prefix="push") as pool:
+        futures = [pool.submit(one, rank, i) for rank, i in jobs]
+        try:
+            for fut in futures:
+                rec = fut.result()
                 ctx.pushes.append(rec)
-                print(f"push {adapter} ({rec.tenant}): {'ok' if rec.ok else 'FAILED'} in {rec.seconds:.1f} s"
+                print(f"push {rec.adapter} ({rec.tenant}): {'ok' if rec.ok else 'FAILED'} in {rec.seconds:.1f} s"
                       + ("" if rec.ok else f": {rec.output}"), flush=True)
                 if not rec.ok:
-                    raise SystemExit(f"loraplex adapters push failed for {adapter}: {rec.output}")
-                if i >= local.get(rank, 0):
-                    shutil.rmtree(folder, ignore_errors=True)
+                    raise SystemExit(f"loraplex adapters push failed for {rec.adapter}: {rec.output}")
+        finally:
+            for fut in futures:
+                fut.cancel()
     print(f"adapters written and pushed in {time.perf_counter() - t0:.0f} s", flush=True)
 
 
@@ -171,7 +200,10 @@ def merge_reports(earlier: StackReport, later: StackReport, plan_name: str | Non
         raise SystemExit("--merge: one run started its workers staggered and the other together: not comparable")
     runs = {s.system: s for s in earlier.systems} | {s.system: s for s in later.systems}
     systems = tuple(s for s in SYSTEMS if s in runs)
-    plan = build_plan(plan_name or later.plan["name"], model, systems)
+    selection = ("selected_phases", "cold_start_count")
+    if any(earlier.plan.get(k) != later.plan.get(k) for k in selection):
+        raise SystemExit("--merge: the two runs selected other phases or cold starts (--phases, --cold-starts)")
+    plan = rebuild_plan(later.plan if plan_name is None else {**later.plan, "name": plan_name}, systems)
     merged = later.model_copy(update={
         "date": f"{earlier.date} and {later.date}", "command": f"{earlier.command} ; then {later.command}",
         "plan": plan.model_dump(), "estimate_s": earlier.estimate_s + later.estimate_s,
@@ -195,8 +227,13 @@ def main(argv: list[str] | None = None) -> int:
     systems = tuple(s for s in args.systems.split(",") if s)
     if unknown := [s for s in systems if s not in SYSTEMS]:
         raise SystemExit(f"unknown systems {unknown}; choose among {','.join(SYSTEMS)}")
-    plan = build_plan(args.plan or ("tiny" if args.model == "embedded" else "default"), args.model, systems,
-                      route_check=not args.no_routing_check)
+    try:
+        plan = build_plan(args.plan or ("tiny" if args.model == "embedded" else "default"), args.model, systems,
+                          route_check=not args.no_routing_check,
+                          phases=[p for p in args.phases.split(",") if p] if args.phases else None,
+                          cold_starts=args.cold_starts)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
     print(format_plan(plan), flush=True)
     if args.dry_run:
         return 0
@@ -218,7 +255,10 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.loadgen.workload import model_vocab
 
     vocab, special = model_vocab(assets.model_dir)
-    with local_s3(workdir, args.s3_in_memory) as store:
+    if args.pushes_only and not args.s3_endpoint:
+        raise SystemExit("--pushes-only fills the store of --s3-endpoint (a server that outlives this command)")
+    store_cm = running_s3(args.s3_endpoint) if args.s3_endpoint else local_s3(workdir, args.s3_in_memory)
+    with store_cm as store:
         cfg = host_config(assets, workdir, store.uri, store.endpoint, tenants, None)
         ctx = Context(plan=plan, workdir=workdir, assets=assets, serve_config=workdir / "loraplex-h200.yaml",
                       serve_cfg=cfg, engine_args={}, store=store, keys=keys, adapters={}, vocab=vocab,
@@ -228,10 +268,13 @@ def main(argv: list[str] | None = None) -> int:
             write_local_adapters(ctx)
             # loraplex's pushes run while its engine starts (runner.run_server_block): what they
             # will take of the disk (moto's temporary files) is left out of its cache
-            store_bytes = 0 if args.s3_in_memory else int(resources(plan).get("store", 0) * 2**30)
+            store_bytes = 0 if args.s3_in_memory or args.s3_endpoint else int(resources(plan).get("store", 0) * 2**30)
             free = shutil.disk_usage(workdir).free - store_bytes
-            ctx.serve_cfg = host_config(assets, workdir, store.uri, store.endpoint, tenants,
-                                        max(int(free * CACHE_SHARE_OF_FREE_DISK), 0))
+            cache = int(args.cache_gib * 2**30) if args.cache_gib else max(int(free * CACHE_SHARE_OF_FREE_DISK), 0)
+            ctx.serve_cfg = host_config(assets, workdir, store.uri, store.endpoint, tenants, cache)
+            if args.pushes_only:
+                push_adapters(ctx)
+                return 0
             engine = ctx.serve_cfg["applications"][0]["args"]["engine"]
             if args.cudagraph_capture_sizes:
                 engine.setdefault("extra_engine_args", {})["cudagraph_capture_sizes"] = args.cudagraph_capture_sizes

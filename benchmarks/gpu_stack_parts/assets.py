@@ -14,6 +14,7 @@ so each has bytes of its own (the disk cache is content-addressed) at the cost o
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,15 @@ def prepare_model(kind: str, workdir: Path) -> ModelAssets:
                        gpu=True)
 
 
+@functools.lru_cache(maxsize=2)
+def _template_tensors(path: str) -> dict:
+    """A template's tensors, read once per run (the adapters of a family are written from them,
+    several at a time; nothing writes into them)."""
+    from safetensors.torch import load_file
+
+    return load_file(path)
+
+
 def _rotated(tensors: dict, k: int) -> dict:
     import torch
 
@@ -70,8 +80,9 @@ def _rotated(tensors: dict, k: int) -> dict:
 def write_adapters(assets: ModelAssets, root: Path, rank: int, indices: list[int], prefix: str = "",
                    offset: int = 0, expert_lora: bool = True) -> dict[str, Path]:
     """Folders of adapters ``<prefix>r<rank>-<i>`` for ``indices`` (existing ones kept), the
-    template rotated by ``offset + i + 1``: another offset gives other bytes."""
-    from safetensors.torch import load_file, save_file
+    template rotated by ``offset + i + 1``: another offset gives other bytes. The template is
+    made by the first call of a rank (``indices`` may be empty); later calls may run at once."""
+    from safetensors.torch import save_file
 
     from adapters_registry.manifest import CONFIG_NAME, WEIGHTS_NAME, BaseModelInfo
     from benchmarks.synthetic_adapters import synthetic_adapter
@@ -83,15 +94,16 @@ def write_adapters(assets: ModelAssets, root: Path, rank: int, indices: list[int
         synthetic_adapter(template, base, r=rank, alpha=2 * rank, experts="3d" if gpu and expert_lora else "none",
                           dtype="bfloat16" if gpu else "float32", seed=1000 + rank,
                           scale=GPT_OSS_LORA_SCALE if gpu else EMBEDDED_LORA_SCALE)
-    tensors = None
     out = {}
     for i in indices:
         folder = root / f"{prefix}r{rank}-{i}"
         if not (folder / WEIGHTS_NAME).exists():
-            tensors = tensors if tensors is not None else load_file(str(template / WEIGHTS_NAME))
+            tensors = _template_tensors(str(template / WEIGHTS_NAME))
             folder.mkdir(parents=True, exist_ok=True)
-            save_file(_rotated(tensors, offset + i + 1), str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
             (folder / CONFIG_NAME).write_text((template / CONFIG_NAME).read_text())
+            part = folder / f"{WEIGHTS_NAME}.part"  # renamed once whole: a stopped run leaves no short file
+            save_file(_rotated(tensors, offset + i + 1), str(part), metadata={"format": "pt"})
+            part.rename(folder / WEIGHTS_NAME)
         out[folder.name] = folder
     return out
 

@@ -89,6 +89,8 @@ class Plan(BaseModel):
     model: str = Field(description="gptoss, gptoss-mxfp4 or embedded.")
     workload: Workload
     blocks: list[SystemBlock]
+    selected_phases: list[str] | None = Field(None, description="Only these of the plan's phases run (None: all).")
+    cold_start_count: int | None = Field(None, description="Cold starts of loraplex instead of the plan's (None: the plan's).")
 
     def families(self, systems: tuple[str, ...] | None = None) -> dict[int, int]:
         """Adapters needed per rank (by the blocks of ``systems``, default all)."""
@@ -107,8 +109,12 @@ class Plan(BaseModel):
 COLD_PREFIX = "cold-"
 
 
+def adapter_id(rank: int, index: int) -> str:
+    return f"r{rank}-{index}"
+
+
 def adapter_ids(rank: int, count: int) -> list[str]:
-    return [f"r{rank}-{i}" for i in range(count)]
+    return [adapter_id(rank, i) for i in range(count)]
 
 
 def cold_id(rank: int, k: int) -> str:
@@ -121,9 +127,12 @@ def tenant_of(index: int) -> str:
     return f"tenant-{index % TENANTS + 1}"
 
 
-def build_plan(name: str, model: str, systems: tuple[str, ...] = SYSTEMS, route_check: bool = True) -> Plan:
+def build_plan(name: str, model: str, systems: tuple[str, ...] = SYSTEMS, route_check: bool = True,
+               phases: list[str] | None = None, cold_starts: int | None = None) -> Plan:
     """The plan ``name`` for ``model``, restricted to ``systems`` (in the plan's order); without
-    ``route_check`` the engine alone skips the routing check (it depends on the weights only)."""
+    ``route_check`` the engine alone skips the routing check (it depends on the weights only).
+    ``phases``: only the phases of these names (a system left with no phase and no cold start is
+    not started); ``cold_starts``: loraplex's cold starts instead of the plan's."""
     if name not in PLANS:
         raise ValueError(f"unknown plan {name!r}; choose from {', '.join(PLANS)}")
     if (name == "tiny") != (model == "embedded"):
@@ -150,7 +159,24 @@ def build_plan(name: str, model: str, systems: tuple[str, ...] = SYSTEMS, route_
               SystemBlock(system="ray-llm", phases=lora),
               SystemBlock(system="loraplex", phases=lora + sets, cold_starts=3 if name == "full" else 1),
               SystemBlock(system="engine-alone", phases=lora, route_check=route_check)]
-    return Plan(name=name, model=model, workload=w, blocks=[b for b in blocks if b.system in systems])
+    blocks = [b for b in blocks if b.system in systems]
+    if cold_starts is not None:
+        blocks = [b.model_copy(update={"cold_starts": cold_starts}) if b.system == "loraplex" else b for b in blocks]
+    if phases is not None:
+        known = [p.name for b in blocks for p in b.phases]
+        if unknown := [n for n in phases if n not in known]:
+            raise ValueError(f"phases {unknown} are not in plan {name!r} for these systems; "
+                             f"choose among {', '.join(dict.fromkeys(known))}")
+        blocks = [b.model_copy(update={"phases": [p for p in b.phases if p.name in phases]}) for b in blocks]
+        blocks = [b for b in blocks if b.phases or b.cold_starts]
+    return Plan(name=name, model=model, workload=w, blocks=blocks, selected_phases=phases, cold_start_count=cold_starts)
+
+
+def rebuild_plan(plan: dict, systems: tuple[str, ...]) -> Plan:
+    """The plan a report's ``plan`` was built as (its phase selection and cold starts kept),
+    restricted to ``systems``."""
+    return build_plan(plan["name"], plan["model"], systems, phases=plan.get("selected_phases"),
+                      cold_starts=plan.get("cold_start_count"))
 
 
 # ---- the estimate --------------------------------------------------------------------------

@@ -66,7 +66,7 @@ def publishable(report: StackReport) -> StackReport:
 def main(argv: list[str] | None = None) -> int:
     from benchmarks.gpu_stack import merge_reports
     from benchmarks.gpu_stack_parts.output import write_outputs
-    from benchmarks.gpu_stack_parts.plan import build_plan
+    from benchmarks.gpu_stack_parts.plan import rebuild_plan
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("reports", type=Path, nargs="+", help="gpu_stack.json of each run, in the order they ran")
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json is None:
         ap.error("--json is required unless --paths-only")
     report = StackReport.model_validate_json(args.reports[0].read_text())
-    plan = build_plan(report.plan["name"], report.plan["model"], tuple(s.system for s in report.systems))
+    plan = rebuild_plan(report.plan, tuple(s.system for s in report.systems))
     for later in args.reports[1:]:
         report, plan = merge_reports(report, StackReport.model_validate_json(later.read_text()), None,
                                      report.plan["model"])

@@ -71,6 +71,46 @@ def local_s3(workdir: Path, in_memory: bool = False) -> Iterator[Store]:
         server.__exit__(None, None, None)
 
 
+@contextmanager
+def running_s3(endpoint: str) -> Iterator[Store]:
+    """An S3 server already running at ``endpoint`` (moto started by an earlier command in its own
+    process session, so that it outlives that command and keeps what was pushed to it), with the
+    bucket made if missing; left running on exit. The test credentials are set in this process's
+    environment while inside (as ``local_s3`` does)."""
+    import boto3
+    from botocore.exceptions import ClientError
+
+    from tests.helpers.s3 import S3_TEST_ENV
+
+    saved = {k: os.environ.get(k) for k in S3_TEST_ENV}
+    os.environ.update(S3_TEST_ENV)
+    try:
+        client = boto3.session.Session().client("s3", endpoint_url=endpoint)
+        try:
+            client.create_bucket(Bucket=BUCKET)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+                raise
+        yield Store(uri=f"s3://{BUCKET}/{PREFIX}", endpoint=endpoint, env={**S3_TEST_ENV, "AWS_ENDPOINT_URL": endpoint})
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def published(store: Store) -> set[str]:
+    """Ids of the adapters the store already holds a version of."""
+    from adapters_registry.stores import open_store
+
+    opened = open_store(store.uri, store.endpoint)
+    try:
+        return {m.adapter_id for m in opened.list()}
+    finally:
+        opened.close()
+
+
 def push(ctx, folder: Path, adapter: str, tenant: str, rank: int) -> PushRecord:
     """``loraplex adapters push`` of one folder into the run's store (validated against the
     model folder; GPT-OSS's fused 3-D expert layout kept, as vLLM loads it for that model)."""

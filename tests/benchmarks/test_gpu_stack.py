@@ -21,6 +21,7 @@ from benchmarks.gpu_stack_parts.plan import (
     estimate,
     format_plan,
     phase_s,
+    rebuild_plan,
 )
 from benchmarks.gpu_stack_parts.targets import targets_table
 from benchmarks.loadgen.spec import LoadSpec, TargetSpec
@@ -65,6 +66,56 @@ def test_plans_restricted_and_mismatched():
         build_plan("tiny", "gptoss")
     with pytest.raises(ValueError):
         build_plan("default", "embedded")
+
+
+def test_a_phase_selection_runs_only_those_phases_and_is_rebuilt_from_the_report():
+    plan = build_plan("full", "gptoss-mxfp4", phases=["ws64-round-robin", "ws64-zipf"], cold_starts=0)
+    assert [b.system for b in plan.blocks] == ["loraplex"]  # no other system has these phases
+    assert [p.name for p in plan.blocks[0].phases] == ["ws64-round-robin", "ws64-zipf"]
+    assert plan.blocks[0].cold_starts == 0 and plan.cold_starts() == 0
+    assert plan.families() == {32: 64}
+    assert rebuild_plan(plan.model_dump(), ("loraplex",)) == plan
+    seed = build_plan("default", "gptoss-mxfp4", phases=["c16"], cold_starts=2)
+    assert all([p.name for p in b.phases] == ["c16"] for b in seed.blocks) and len(seed.blocks) == len(SYSTEMS)
+    assert [b.cold_starts for b in seed.blocks if b.cold_starts] == [2]
+    with pytest.raises(ValueError, match="ws65"):
+        build_plan("full", "gptoss", phases=["ws65"])
+
+
+def test_runs_of_other_phase_selections_do_not_merge():
+    from benchmarks.gpu_stack import merge_reports
+
+    earlier = _report("default", ("vllm-base",), "first")
+    later = _report("default", ("loraplex",), "second")
+    later.plan["selected_phases"] = ["c16"]
+    with pytest.raises(SystemExit, match="other phases"):
+        merge_reports(earlier, later, None, "gptoss-mxfp4")
+
+
+def test_the_pushes_fill_a_store_that_outlives_the_command_once(s3_server, tmp_path, capsys):
+    """``--pushes-only`` into a running server: every adapter of the selection published once, the
+    folders nobody else reads removed; a second command finds them there and pushes none."""
+    import signal
+
+    from benchmarks.gpu_stack import main
+    from benchmarks.gpu_stack_parts.pushes import running_s3, published
+
+    args = ["--model", "embedded", "--plan", "tiny", "--systems", "loraplex", "--phases", "ws4-round-robin",
+            "--cold-starts", "0", "--s3-endpoint", s3_server.endpoint, "--pushes-only", "--workdir", str(tmp_path)]
+    term = signal.getsignal(signal.SIGTERM)
+    try:
+        assert main(args) == 0
+        first = capsys.readouterr().out
+        assert main(args) == 0
+        second = capsys.readouterr().out
+    finally:
+        signal.signal(signal.SIGTERM, term)
+    ids = [f"r8-{i}" for i in range(4)]
+    assert all(f"push {a} (" in first and ": ok in" in first for a in ids)
+    with running_s3(s3_server.endpoint) as store:
+        assert published(store) == set(ids)
+    assert sorted(p.name for p in (tmp_path / "adapters").iterdir()) == ["template-r8"]
+    assert "4 adapters already in the store" in second and "push r8-" not in second
 
 
 def test_the_estimate_adds_up_and_orders_the_plans():
