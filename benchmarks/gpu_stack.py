@@ -29,6 +29,11 @@ On the GPU host (``scripts/gpu_stack.sh`` sets the environment up and runs this)
     python3 -m benchmarks.gpu_stack [--plan default|full] [--model gptoss-mxfp4|gptoss]
 On any machine, the CPU stack at tiny settings:
     python -m benchmarks.gpu_stack --model embedded --plan tiny
+Part of a plan (``--phases``, ``--cold-starts``), e.g. 64 adapters over the slots, with the store
+filled by an earlier command (44 GiB of pushes take longer than a server's start) into an S3
+server started in its own session so that it outlives that command:
+    python3 -m benchmarks.gpu_stack --plan full --systems loraplex --phases ws64-round-robin \
+        --s3-endpoint http://127.0.0.1:PORT --pushes-only        (then the same without --pushes-only)
 """
 
 from __future__ import annotations
