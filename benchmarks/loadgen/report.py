@@ -39,12 +39,13 @@ def print_table(runs: list[LoadResult]) -> None:
 
 
 def print_failures(runs: list[LoadResult]) -> None:
-    """Failures by status per phase, with the first error body of each status."""
+    """Failures by status per phase, with the first error body of each status (where the records
+    were kept: a published report keeps the aggregates only)."""
     for r in runs:
         for status in r.aggregate.errors:
-            first = next(x for x in r.records if not x.ok and str(x.status) == status)
-            print(f"{r.system} c={r.spec.concurrency}: {r.aggregate.errors[status]} failed with status {status}: "
-                  f"{(first.error or '')[:300]}")
+            first = next((x for x in r.records if not x.ok and str(x.status) == status), None)
+            print(f"{r.system} c={r.spec.concurrency}: {r.aggregate.errors[status]} failed with status {status}"
+                  + (f": {(first.error or '')[:300]}" if first else ""))
 
 
 def print_vllm_comparison(pairs: list[tuple[LoadResult, VllmBenchResult]]) -> None:

@@ -414,6 +414,24 @@ def test_a_published_report_names_no_host_path_and_keeps_aggregates_only():
     assert report.systems[0].phases[0].result.records  # the report given is left as it was
 
 
+def test_a_published_report_with_failed_phases_still_prints_its_tables():
+    """Records go when a report is published; its failures are then printed by count and status."""
+    from benchmarks.gpu_stack_parts.models import SystemRun
+    from benchmarks.gpu_stack_parts.output import summary_text
+    from benchmarks.gpu_stack_parts.publish import publishable
+    from benchmarks.loadgen.spec import RequestRecord
+
+    plan = build_plan("default", "gptoss-mxfp4", ("loraplex",))
+    phase = _phase("loraplex", plan, 50.0, 10.0, 10.5, 90.0)
+    phase.result.aggregate.failures, phase.result.aggregate.errors = 1, {"None": 1}
+    phase.result.records = [RequestRecord(index=0, adapter="a", model="a", start_s=0.0, status=None, ok=False,
+                                          expected_output_tokens=4, error="ClientConnectorError: refused")]
+    report = StackReport(date="d", command="c", plan=plan.model_dump(), estimate_s=0,
+                         systems=[SystemRun(system="loraplex", label="d", phases=[phase])])
+    assert "1 failed with status None: ClientConnectorError: refused" in summary_text(report, plan)
+    assert "1 failed with status None\n" in summary_text(publishable(report), plan)
+
+
 def test_a_committed_report_gets_its_paths_named_and_nothing_else(tmp_path):
     """``--paths-only`` on a report written by an older version (fields it lacks stay absent), whose
     top command was already made portable by hand: the systems' interpreter is still found."""
