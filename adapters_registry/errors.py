@@ -72,6 +72,12 @@ class SlotsExhausted(RegistryError):
     retry_after_s = 1.0
 
 
+class SlotsTooSmall(RegistryError):
+    """The adapter alone is larger than the replica's byte budget for registered adapters."""
+
+    http_status = 507
+
+
 class AdapterLoadFailed(RegistryError):
     """The engine refused or failed to register the adapter's files."""
 

@@ -1,8 +1,9 @@
 """Engine residency: the one table of adapters registered with this replica's vLLM engine.
 
 The table is the single truth: an adapter is registered with the engine (``add_lora``) if and
-only if it has a row here. Capacity = the engine's ``max_cpu_loras``. Rows are kept in LRU
-order; a row is pinned while requests use it (``active > 0``) or by the operator, and only
+only if it has a row here. Capacity = the engine's ``max_cpu_loras`` rows and, where set, a byte
+budget for their host copies (``capacity_bytes``, counted as the adapters' file bytes): a new row
+evicts as many idle rows as it needs to fit both. Rows are kept in LRU order; a row is pinned while requests use it (``active > 0``) or by the operator, and only
 idle, unpinned rows are evicted. Eviction calls ``remove_lora`` first and releases the disk
 cache pin after it returned, so the cache can never delete a folder the engine may still
 reload from (which would kill a vLLM engine). vLLM's own LRU never evicts because the table
@@ -27,6 +28,7 @@ from .errors import (
     AdapterLoadFailed,
     RegistryError,
     SlotsExhausted,
+    SlotsTooSmall,
 )
 from .events import NO_OBSERVER, RegistryObserver
 from .manifest import AdapterManifest, BaseModelInfo
@@ -110,12 +112,16 @@ class AdapterSlots:
         base: BaseModelInfo | None = None,
         max_lora_rank: int | None = None,
         observer: RegistryObserver = NO_OBSERVER,
+        capacity_bytes: int | None = None,
     ) -> None:
         if capacity < 1:
             raise ValueError("capacity must be >= 1")
+        if capacity_bytes is not None and capacity_bytes < 1:
+            raise ValueError("capacity_bytes must be >= 1 (or None: rows alone bound the table)")
         self.engine = engine
         self.cache = cache
         self.capacity = capacity
+        self.capacity_bytes = capacity_bytes
         self.request_factory = request_factory
         self._table: OrderedDict[str, Slot] = OrderedDict()
         self._next_int_id = 1
@@ -148,6 +154,11 @@ class AdapterSlots:
     @property
     def free_slots(self) -> int:
         return self.capacity - len(self._table)
+
+    @property
+    def registered_bytes(self) -> int:
+        """File bytes of every row's adapter (loading ones included: their room is reserved)."""
+        return sum(s.manifest.total_bytes for s in self._table.values())
 
     def active(self) -> list[str]:
         """Adapter ids that requests are using now (each pins its row)."""
@@ -198,7 +209,7 @@ class AdapterSlots:
                 self._table.move_to_end(name)
                 break
             try:
-                victim = self._reserve_room(name)
+                victims = self._reserve_room(manifest)
             except SlotsExhausted:
                 freed = self._freed
                 remaining = deadline - time.monotonic()
@@ -214,7 +225,7 @@ class AdapterSlots:
             slot = Slot(manifest, self._next_int_id, active=1)
             self._next_int_id += 1
             self._table[name] = slot
-            slot.ready = asyncio.ensure_future(self._load(slot, store, victim))
+            slot.ready = asyncio.ensure_future(self._load(slot, store, victims))
             slot.ready.add_done_callback(_retrieve)
             break
         try:
@@ -235,25 +246,41 @@ class AdapterSlots:
         self._freed.set()
         self._freed = asyncio.Event()
 
-    def _reserve_room(self, name: str) -> Slot | None:
-        """Take the LRU idle row out of the table when full (synchronous: no race)."""
-        if len(self._table) < self.capacity:
-            return None
+    def _reserve_room(self, manifest: AdapterManifest) -> list[Slot]:
+        """Take LRU idle rows out of the table until ``manifest`` fits the rows and the byte budget
+        (synchronous: no race); nothing is taken when they cannot make room."""
+        name, size = manifest.lora_name, manifest.total_bytes
+        if self.capacity_bytes is not None and size > self.capacity_bytes:
+            raise SlotsTooSmall(
+                f"{name} is {size} bytes, more than this replica's whole budget for registered adapters "
+                f"({self.capacity_bytes} bytes); raise engine.max_cpu_lora_gib"
+            )
+        rows, used = len(self._table), self.registered_bytes
+        victims: list[Slot] = []
         for s in self._table.values():
+            if rows < self.capacity and (self.capacity_bytes is None or used + size <= self.capacity_bytes):
+                break
             if not s.active and not s.operator_pinned and s.loaded:
-                del self._table[s.manifest.lora_name]
-                return s
-        busy = ", ".join(f"{k} ({s.active} active{', pinned' if s.operator_pinned else ''})" for k, s in self._table.items())
-        raise SlotsExhausted(
-            f"all {self.capacity} adapter slots of this replica are in use ({busy}); {name} cannot be loaded now, "
-            "retry shortly or raise engine.max_cpu_loras"
-        )
+                victims.append(s)
+                rows, used = rows - 1, used - s.manifest.total_bytes
+        if rows >= self.capacity or (self.capacity_bytes is not None and used + size > self.capacity_bytes):
+            busy = ", ".join(f"{k} ({s.active} active{', pinned' if s.operator_pinned else ''})"
+                             for k, s in self._table.items() if s.active or s.operator_pinned or not s.loaded)
+            bound = (f"all {self.capacity} adapter slots" if len(self._table) >= self.capacity else
+                     f"the {self.capacity_bytes}-byte budget for registered adapters")
+            raise SlotsExhausted(
+                f"{bound} of this replica are in use ({busy}); {name} cannot be loaded now, "
+                "retry shortly or raise engine.max_cpu_loras / engine.max_cpu_lora_gib"
+            )
+        for s in victims:
+            del self._table[s.manifest.lora_name]
+        return victims
 
-    async def _load(self, slot: Slot, store: AdapterStore, victim: Slot | None) -> None:
+    async def _load(self, slot: Slot, store: AdapterStore, victims: list[Slot]) -> None:
         name = slot.manifest.lora_name
         t0 = time.perf_counter()
         try:
-            if victim is not None:
+            for victim in victims:
                 await self._unregister(victim)
             path = await self.cache.ensure_local(store, slot.manifest, pin=True)
             t_disk = time.perf_counter()

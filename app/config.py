@@ -89,6 +89,12 @@ class EngineConfig(_Strict):
     max_num_batched_tokens: int | None = Field(None, ge=16, description="Token budget per scheduler step.")
     max_loras: int = Field(4, ge=1, description="Adapters active in one batch (vLLM's GPU LoRA slots).")
     max_cpu_loras: int = Field(8, ge=1, description="Adapters registered with the engine at once: the replica's residency capacity.")
+    max_cpu_lora_gib: float | None = Field(
+        None, gt=0,
+        description="Host memory budget for the adapters registered with the engine, counted as their files' bytes "
+        "(GiB): a new adapter evicts idle ones until both this and max_cpu_loras hold. None: max_cpu_loras alone "
+        "(then it must fit the host: max_cpu_loras x the largest adapter).",
+    )
     max_lora_rank: int = Field(64, ge=1, le=512, description="Largest adapter rank the engine accepts.")
     lora_target_modules: list[str] | None = Field(
         None,

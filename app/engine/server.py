@@ -105,6 +105,7 @@ class EngineServer:
             self.lora_ops, self.cache, ecfg.max_cpu_loras,
             base=_base_model_info(ecfg.resolved_model()), max_lora_rank=ecfg.max_lora_rank,
             observer=registry_metrics,
+            capacity_bytes=None if ecfg.max_cpu_lora_gib is None else int(ecfg.max_cpu_lora_gib * 2**30),
         )
         self.expert_lora_refusal = expert_lora_refusal()
         self.fair_share = (fair_share.EngineFairShare(ecfg.heavy_tenant_backlog_tokens, ecfg.heavy_tenant_stream_interval)

@@ -20,6 +20,7 @@ from adapters_registry.errors import (
     AdapterLoadFailed,
     CacheFull,
     SlotsExhausted,
+    SlotsTooSmall,
 )
 from adapters_registry.manifest import MANIFEST_NAME, AdapterManifest
 from adapters_registry.slots import AdapterSlots, engine_lora_name
@@ -101,6 +102,60 @@ async def test_waits_for_a_slot_to_free(store, base, tmp_path):
         assert req.lora_name == engine_lora_name(ms[1])
     await holder
     assert engine.names() == {"ad1@v1"}
+
+
+def _publish_big(store, base, tmp_path, r: int = 16) -> AdapterManifest:
+    return store.publish(synthetic_adapter(tmp_path / "big-src", base, r=r, seed=99), "big", "acme", base)
+
+
+@asynctest
+async def test_a_byte_budget_evicts_as_many_idle_adapters_as_a_larger_one_needs(store, base, tmp_path):
+    small = publish_n(store, base, tmp_path, 3)
+    big = _publish_big(store, base, tmp_path)
+    size = small[0].total_bytes
+    assert big.total_bytes > 3 * size
+    budget = big.total_bytes + size // 2  # three small ones fit (rows to spare), the big one only alone
+    engine, cache, slots = make(tmp_path, 8, capacity_bytes=budget)
+    for m in small:
+        async with slots.use(store, m):
+            assert slots.registered_bytes <= budget
+    assert engine.names() == {"ad0@v1", "ad1@v1", "ad2@v1"}
+    async with slots.use(store, big):
+        assert engine.names() == {"big@v1"} and slots.registered_bytes == big.total_bytes
+    assert [c[0] for c in engine.calls].count("remove") == 3
+    async with slots.use(store, small[0]):  # and back: the big one goes
+        assert engine.names() == {"ad0@v1"}
+
+
+@asynctest
+async def test_a_byte_budget_never_evicts_adapters_in_use(store, base, tmp_path):
+    small = publish_n(store, base, tmp_path, 2)
+    big = _publish_big(store, base, tmp_path)
+    engine, cache, slots = make(tmp_path, 8, capacity_bytes=big.total_bytes + small[0].total_bytes // 2,
+                                acquire_timeout_s=0.2)
+    async with slots.use(store, small[0]):
+        with pytest.raises(SlotsExhausted, match="byte budget for registered adapters") as ei:
+            async with slots.use(store, big):
+                pass
+        assert ei.value.http_status == 503 and "ad0" in str(ei.value)
+        assert engine.names() == {"ad0@v1"}
+    async with slots.use(store, big):  # idle now: evicted
+        assert engine.names() == {"big@v1"}
+
+
+@asynctest
+async def test_an_adapter_larger_than_the_whole_byte_budget_is_refused_and_evicts_nothing(store, base, tmp_path):
+    small = publish_n(store, base, tmp_path, 1)
+    big = _publish_big(store, base, tmp_path)
+    engine, cache, slots = make(tmp_path, 8, capacity_bytes=big.total_bytes - 1)
+    async with slots.use(store, small[0]):
+        pass
+    with pytest.raises(SlotsTooSmall, match="max_cpu_lora_gib") as ei:
+        async with slots.use(store, big):
+            pass
+    assert ei.value.http_status == 507
+    assert engine.names() == {"ad0@v1"} and slots.resident() == ["ad0"]
+    assert not cache.contains(big)
 
 
 @asynctest
