@@ -82,9 +82,11 @@ from benchmarks.gpu_stack_parts.serve_config import (
     write_yaml,
 )
 from benchmarks.stacks.engine_settings import apply_engine_settings, engine_setting
+from benchmarks.stacks.host_memory import available_bytes
 
 PUSH_WORKERS = 6  # adapters written and pushed at once while loraplex starts (a cold start's runs alone)
 CACHE_SHARE_OF_FREE_DISK = 0.8
+HOST_LORA_SHARE_OF_AVAILABLE = 0.5  # of MemAvailable: the registered adapters' budget on this host
 INCOMPLETE = "incomplete: the run was stopped before this system's last phase (these phases were measured)"
 
 
@@ -276,11 +278,19 @@ def main(argv: list[str] | None = None) -> int:
             store_bytes = 0 if args.s3_in_memory or args.s3_endpoint else int(resources(plan).get("store", 0) * 2**30)
             free = shutil.disk_usage(workdir).free - store_bytes
             cache = int(args.cache_gib * 2**30) if args.cache_gib else max(int(free * CACHE_SHARE_OF_FREE_DISK), 0)
-            ctx.serve_cfg = host_config(assets, workdir, store.uri, store.endpoint, tenants, cache)
+            # registered adapters are page-locked host copies: bounded to a share of what the host
+            # has left once an in-memory store is filled (an external one is filled already)
+            in_memory_store = int(resources(plan).get("store", 0) * 2**30) if args.s3_in_memory else 0
+            host_lora = (None if (avail := available_bytes()) is None
+                         else max(int((avail - in_memory_store) * HOST_LORA_SHARE_OF_AVAILABLE), 2**30))
+            ctx.serve_cfg = host_config(assets, workdir, store.uri, store.endpoint, tenants, cache,
+                                        host_lora_max_bytes=host_lora)
             if args.pushes_only:
                 push_adapters(ctx)
                 return 0
             engine = ctx.serve_cfg["applications"][0]["args"]["engine"]
+            report.notes.append(f"max_cpu_lora_gib here: {engine.get('max_cpu_lora_gib')} (at most "
+                                f"{HOST_LORA_SHARE_OF_AVAILABLE} of the host memory available at the start)")
             if args.cudagraph_capture_sizes:
                 engine.setdefault("extra_engine_args", {})["cudagraph_capture_sizes"] = args.cudagraph_capture_sizes
             if args.engine_set:

@@ -6,7 +6,8 @@ model, ``LORAPLEX_BALANCED_DUMMY=1`` in the replicas' environment (and
 ``LORAPLEX_PROFILE_ADAPTER_LOADS`` where this process has it: profiles of the engine's adapter
 loads); the store (``s3://`` on the local S3 server, one GET per file: moto answers a ranged GET
 by copying the whole object), the tenants file, the disk cache (a folder of the run, bounded to
-what the plan's adapters need at most); the engine's model (and
+what the plan's adapters need at most), the registered adapters' host memory (bounded to what this
+host has available); the engine's model (and
 ``load_format: dummy``, or the CPU settings of the embedded model); one engine replica and one
 gateway replica instead of autoscaling (no GPU on the CPU host). Everything else is the file's.
 
@@ -35,8 +36,10 @@ BALANCED_ENV = {"LORAPLEX_BALANCED_DUMMY": "1"}
 
 
 def host_config(assets: ModelAssets, workdir: Path, store_uri: str, s3_endpoint: str, tenants_file: Path,
-                cache_max_bytes: int | None, source: Path = H200_CONFIG) -> dict[str, Any]:
-    """The Serve config (a dict) loraplex runs here."""
+                cache_max_bytes: int | None, source: Path = H200_CONFIG,
+                host_lora_max_bytes: int | None = None) -> dict[str, Any]:
+    """The Serve config (a dict) loraplex runs here (``host_lora_max_bytes``: the most host memory
+    its registered adapters may take here, below the file's ``max_cpu_lora_gib``)."""
     cfg = copy.deepcopy(yaml.safe_load(Path(source).read_text()))
     cfg.setdefault("http_options", {})["host"] = "127.0.0.1"
     app = cfg["applications"][0]
@@ -53,6 +56,9 @@ def host_config(assets: ModelAssets, workdir: Path, store_uri: str, s3_endpoint:
     if cache_max_bytes is not None:
         args["cache_max_bytes"] = min(int(args.get("cache_max_bytes") or cache_max_bytes), cache_max_bytes)
     args["engine"].update(assets.engine)
+    if host_lora_max_bytes is not None:
+        here = host_lora_max_bytes / 2**30
+        args["engine"]["max_cpu_lora_gib"] = min(args["engine"].get("max_cpu_lora_gib") or here, here)
     for name in ("engine_deployment", "gateway_deployment"):
         dep = args[name]
         dep.pop("autoscaling_config", None)

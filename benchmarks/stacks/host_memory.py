@@ -14,6 +14,11 @@ CGROUP = Path("/sys/fs/cgroup")
 GIB = 2**30
 
 
+def available_bytes() -> int | None:
+    """``MemAvailable``: memory the host can give without swapping (None where unknown)."""
+    return _meminfo().get("MemAvailable")
+
+
 def _meminfo() -> dict[str, int]:
     """``/proc/meminfo`` in bytes; empty where it cannot be read."""
     try:

@@ -326,6 +326,24 @@ def test_the_gpu_hosts_serve_config_is_one_loraplex_serve_accepts_in_either_topo
         {k: v for k, v in file_engine.items() if k != "model"}
 
 
+def test_the_registered_adapters_budget_is_lowered_to_the_hosts_memory_never_raised(tmp_path):
+    from benchmarks.gpu_stack_parts.assets import ModelAssets
+    from benchmarks.gpu_stack_parts.serve_config import H200_CONFIG, host_config
+
+    assets = ModelAssets(kind="gptoss-mxfp4", model_dir=tmp_path / "model", home=tmp_path / "home",
+                         engine={"model": str(tmp_path / "model"), "load_format": "dummy"}, gpu=True)
+    file_gib = yaml.safe_load(H200_CONFIG.read_text())["applications"][0]["args"]["engine"]["max_cpu_lora_gib"]
+
+    def budget(host_bytes):
+        cfg = host_config(assets, tmp_path, "s3://b/p", "http://127.0.0.1:9", tmp_path / "t.yaml", 2**30,
+                          host_lora_max_bytes=host_bytes)
+        return cfg["applications"][0]["args"]["engine"]["max_cpu_lora_gib"]
+
+    assert budget(24 * 2**30) == 24.0
+    assert budget(int(4 * file_gib) * 2**30) == file_gib
+    assert budget(None) == file_gib
+
+
 def test_a_cold_starts_load_steps_come_from_its_request_log_line(tmp_path):
     """The cold request's engine line carries the load it waited for; other adapters' lines, the
     gateway's line and lines without a load are passed over; the targets row prints the steps."""
