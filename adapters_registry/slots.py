@@ -153,7 +153,13 @@ class AdapterSlots:
 
     @property
     def free_slots(self) -> int:
-        return self.capacity - len(self._table)
+        """Rows a new adapter could take without an eviction; under a byte budget, no more than the
+        adapters of the table's mean size that its free bytes hold."""
+        free = self.capacity - len(self._table)
+        if self.capacity_bytes is None or not self._table:
+            return free
+        used = self.registered_bytes
+        return min(free, (self.capacity_bytes - used) * len(self._table) // max(used, 1))
 
     @property
     def registered_bytes(self) -> int:

@@ -125,6 +125,8 @@ async def test_a_byte_budget_evicts_as_many_idle_adapters_as_a_larger_one_needs(
     assert [c[0] for c in engine.calls].count("remove") == 3
     async with slots.use(store, small[0]):  # and back: the big one goes
         assert engine.names() == {"ad0@v1"}
+    # what the router is told: rows to spare, but bytes for only as many adapters of this size
+    assert slots.free_slots == (budget - size) // size < 8 - 1
 
 
 @asynctest
