@@ -51,18 +51,11 @@ def local_s3(workdir: Path, in_memory: bool = False) -> Iterator[Store]:
 
     spool = workdir / "s3-objects"
     spool.mkdir(parents=True, exist_ok=True)
-    saved = {k: os.environ.get(k) for k in ("TMPDIR", "MOTO_S3_DEFAULT_KEY_BUFFER_SIZE")}
-    os.environ["TMPDIR"] = str(spool)  # the server's temporary files (it inherits this environment)
+    server_env = {"TMPDIR": str(spool)}  # the server's temporary files (it inherits this environment)
     if in_memory:
-        os.environ["MOTO_S3_DEFAULT_KEY_BUFFER_SIZE"] = str(IN_MEMORY_BYTES)
-    try:
+        server_env["MOTO_S3_DEFAULT_KEY_BUFFER_SIZE"] = str(IN_MEMORY_BYTES)
+    with _environment(server_env):
         server = S3ServerProcess("moto").__enter__()
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     try:
         server.make_bucket(BUCKET)
         yield Store(uri=f"s3://{BUCKET}/{PREFIX}", endpoint=server.endpoint,
@@ -82,9 +75,7 @@ def running_s3(endpoint: str) -> Iterator[Store]:
 
     from tests.helpers.s3 import S3_TEST_ENV
 
-    saved = {k: os.environ.get(k) for k in S3_TEST_ENV}
-    os.environ.update(S3_TEST_ENV)
-    try:
+    with _environment(S3_TEST_ENV):
         client = boto3.session.Session().client("s3", endpoint_url=endpoint)
         try:
             client.create_bucket(Bucket=BUCKET)
@@ -92,6 +83,15 @@ def running_s3(endpoint: str) -> Iterator[Store]:
             if exc.response.get("Error", {}).get("Code") not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
                 raise
         yield Store(uri=f"s3://{BUCKET}/{PREFIX}", endpoint=endpoint, env={**S3_TEST_ENV, "AWS_ENDPOINT_URL": endpoint})
+
+
+@contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    """``values`` in this process's environment while inside; what was there before after."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
     finally:
         for k, v in saved.items():
             if v is None:
