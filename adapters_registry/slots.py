@@ -3,8 +3,9 @@
 The table is the single truth: an adapter is registered with the engine (``add_lora``) if and
 only if it has a row here. Capacity = the engine's ``max_cpu_loras`` rows and, where set, a byte
 budget for their host copies (``capacity_bytes``, counted as the adapters' file bytes): a new row
-evicts as many idle rows as it needs to fit both. Rows are kept in LRU order; a row is pinned while requests use it (``active > 0``) or by the operator, and only
-idle, unpinned rows are evicted. Eviction calls ``remove_lora`` first and releases the disk
+evicts as many idle rows as it needs to fit both. Rows are kept in LRU order; a row is pinned
+while requests use it (``active > 0``) or by the operator, and only idle, unpinned rows are
+evicted. Eviction calls ``remove_lora`` first and releases the disk
 cache pin after it returned, so the cache can never delete a folder the engine may still
 reload from (which would kill a vLLM engine). vLLM's own LRU never evicts because the table
 never registers more than ``max_cpu_loras`` adapters.
@@ -356,13 +357,20 @@ class AdapterSlots:
     # ---- operator actions -----------------------------------------------------------------------
     async def pin(self, store: AdapterStore, manifest: AdapterManifest) -> None:
         """Load ``manifest`` if needed and keep it resident until :meth:`unpin`."""
-        pinned = sum(1 for s in self._table.values() if s.operator_pinned)
+        pinned = [s for s in self._table.values() if s.operator_pinned]
         row = self._table.get(manifest.lora_name)
-        if (row is None or not row.operator_pinned) and pinned + 1 >= self.capacity and self.capacity > 1:
-            raise AdapterConflict(
-                f"pinning {manifest.lora_name} would leave no evictable slot ({pinned} of {self.capacity} pinned); "
-                "unpin another adapter first"
-            )
+        if row is None or not row.operator_pinned:
+            if len(pinned) + 1 >= self.capacity and self.capacity > 1:
+                raise AdapterConflict(
+                    f"pinning {manifest.lora_name} would leave no evictable slot ({len(pinned)} of {self.capacity} "
+                    "pinned); unpin another adapter first"
+                )
+            held = sum(s.manifest.total_bytes for s in pinned) + manifest.total_bytes
+            if self.capacity_bytes is not None and held > self.capacity_bytes // 2:
+                raise AdapterConflict(
+                    f"pinning {manifest.lora_name} would put {held} bytes of pinned adapters in this replica's "
+                    f"{self.capacity_bytes}-byte budget (at most half may be pinned); unpin another adapter first"
+                )
         async with self.use(store, manifest):
             self._table[manifest.lora_name].operator_pinned = True
 

@@ -161,6 +161,21 @@ async def test_an_adapter_larger_than_the_whole_byte_budget_is_refused_and_evict
 
 
 @asynctest
+async def test_operator_pins_hold_at_most_half_of_a_byte_budget(store, base, tmp_path):
+    ms = publish_n(store, base, tmp_path, 3)
+    size = ms[0].total_bytes
+    engine, cache, slots = make(tmp_path, 8, capacity_bytes=int(3.5 * size))
+    await slots.pin(store, ms[0])
+    with pytest.raises(AdapterConflict, match="at most half may be pinned"):
+        await slots.pin(store, ms[1])
+    await slots.pin(store, ms[0])  # already pinned: no change, no refusal
+    for m in ms[1:]:  # the unpinned rest of the budget still takes and evicts adapters
+        async with slots.use(store, m):
+            pass
+    assert "ad0@v1" in engine.names() and slots.registered_bytes <= 3.5 * size
+
+
+@asynctest
 async def test_cache_full_of_pinned_adapters_is_a_clear_error(store, base, tmp_path):
     ms = publish_n(store, base, tmp_path, 3)
     engine, cache, slots = make(tmp_path, 3, cache_bytes=int(ms[0].total_bytes * 2.5))
