@@ -92,6 +92,7 @@ class Slot:
             "version": self.manifest.version,
             "lora_name": self.manifest.lora_name,
             "lora_int_id": self.lora_int_id,
+            "bytes": self.manifest.total_bytes,
             "active_requests": self.active,
             "operator_pinned": self.operator_pinned,
             "loaded": self.loaded,

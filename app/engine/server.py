@@ -154,6 +154,8 @@ class EngineServer:
         return {
             "replica": self.replica,
             "capacity": self.slots.capacity,
+            "capacity_bytes": self.slots.capacity_bytes,
+            "registered_bytes": self.slots.registered_bytes,
             "free_slots": self.slots.free_slots,
             "slots": self.slots.snapshot(),
             "engine_alive": alive,

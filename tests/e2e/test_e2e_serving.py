@@ -209,6 +209,8 @@ def test_admin_api_needs_an_operator_and_shows_residency(serve_stack):
     assert r.status_code == 200
     view = r.json()
     assert view["capacity"] == 4  # deploy/config.yaml's max_cpu_loras
+    assert view["capacity_bytes"] is None  # no byte budget there: the count alone
+    assert view["registered_bytes"] == sum(row["bytes"] for row in view["slots"])
     # the slot table is the engine's registry: vLLM holds exactly the table's adapters
     assert sorted(row["lora_int_id"] for row in view["slots"]) == view["engine_lora_ids"]
     assert all(row["adapter_id"] and row["version"] >= 1 for row in view["slots"])

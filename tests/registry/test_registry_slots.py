@@ -122,6 +122,7 @@ async def test_a_byte_budget_evicts_as_many_idle_adapters_as_a_larger_one_needs(
     assert engine.names() == {"ad0@v1", "ad1@v1", "ad2@v1"}
     async with slots.use(store, big):
         assert engine.names() == {"big@v1"} and slots.registered_bytes == big.total_bytes
+        assert [row["bytes"] for row in slots.snapshot()] == [big.total_bytes]
     assert [c[0] for c in engine.calls].count("remove") == 3
     async with slots.use(store, small[0]):  # and back: the big one goes
         assert engine.names() == {"ad0@v1"}
