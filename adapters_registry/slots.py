@@ -263,15 +263,18 @@ class AdapterSlots:
                 f"{name} is {size} bytes, more than this replica's whole budget for registered adapters "
                 f"({self.capacity_bytes} bytes); raise engine.max_cpu_lora_gib"
             )
+        def fits(rows: int, used: int) -> bool:
+            return rows < self.capacity and (self.capacity_bytes is None or used + size <= self.capacity_bytes)
+
         rows, used = len(self._table), self.registered_bytes
         victims: list[Slot] = []
         for s in self._table.values():
-            if rows < self.capacity and (self.capacity_bytes is None or used + size <= self.capacity_bytes):
+            if fits(rows, used):
                 break
             if not s.active and not s.operator_pinned and s.loaded:
                 victims.append(s)
                 rows, used = rows - 1, used - s.manifest.total_bytes
-        if rows >= self.capacity or (self.capacity_bytes is not None and used + size > self.capacity_bytes):
+        if not fits(rows, used):
             busy = ", ".join(f"{k} ({s.active} active{', pinned' if s.operator_pinned else ''})"
                              for k, s in self._table.items() if s.active or s.operator_pinned or not s.loaded)
             bound = (f"all {self.capacity} adapter slots" if len(self._table) >= self.capacity else

@@ -273,14 +273,15 @@ def main(argv: list[str] | None = None) -> int:
                       staggered_starts=args.staggered_starts)
         try:
             write_local_adapters(ctx)
-            # loraplex's pushes run while its engine starts (runner.run_server_block): what they
-            # will take of the disk (moto's temporary files) is left out of its cache
-            store_bytes = 0 if args.s3_in_memory or args.s3_endpoint else int(resources(plan).get("store", 0) * 2**30)
-            free = shutil.disk_usage(workdir).free - store_bytes
+            # loraplex's pushes run while its engine starts (runner.run_server_block): what they will
+            # take of the disk (moto's temporary files) is left out of its cache, or of the memory
+            # (an in-memory store) out of its adapters' budget; a kept store is filled already
+            store_bytes = 0 if args.s3_endpoint else int(resources(plan).get("store", 0) * 2**30)
+            free = shutil.disk_usage(workdir).free - (0 if args.s3_in_memory else store_bytes)
             cache = int(args.cache_gib * 2**30) if args.cache_gib else max(int(free * CACHE_SHARE_OF_FREE_DISK), 0)
             # registered adapters are page-locked host copies: bounded to a share of what the host
-            # has left once an in-memory store is filled (an external one is filled already)
-            in_memory_store = int(resources(plan).get("store", 0) * 2**30) if args.s3_in_memory else 0
+            # has left once an in-memory store is filled
+            in_memory_store = store_bytes if args.s3_in_memory else 0
             host_lora = (None if (avail := available_bytes()) is None
                          else max(int((avail - in_memory_store) * HOST_LORA_SHARE_OF_AVAILABLE), 2**30))
             ctx.serve_cfg = host_config(assets, workdir, store.uri, store.endpoint, tenants, cache,

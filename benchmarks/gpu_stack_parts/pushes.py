@@ -20,6 +20,7 @@ from pathlib import Path
 
 from benchmarks.gpu_stack_parts.models import PushRecord
 from benchmarks.stacks.process import base_env
+from tests.helpers.environment import environment
 
 BUCKET = "loraplex-adapters"
 PREFIX = "bench"
@@ -54,7 +55,7 @@ def local_s3(workdir: Path, in_memory: bool = False) -> Iterator[Store]:
     server_env = {"TMPDIR": str(spool)}  # the server's temporary files (it inherits this environment)
     if in_memory:
         server_env["MOTO_S3_DEFAULT_KEY_BUFFER_SIZE"] = str(IN_MEMORY_BYTES)
-    with _environment(server_env):
+    with environment(server_env):
         server = S3ServerProcess("moto").__enter__()
     try:
         server.make_bucket(BUCKET)
@@ -75,7 +76,7 @@ def running_s3(endpoint: str) -> Iterator[Store]:
 
     from tests.helpers.s3 import S3_TEST_ENV
 
-    with _environment(S3_TEST_ENV):
+    with environment(S3_TEST_ENV):
         client = boto3.session.Session().client("s3", endpoint_url=endpoint)
         try:
             client.create_bucket(Bucket=BUCKET)
@@ -83,21 +84,6 @@ def running_s3(endpoint: str) -> Iterator[Store]:
             if exc.response.get("Error", {}).get("Code") not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
                 raise
         yield Store(uri=f"s3://{BUCKET}/{PREFIX}", endpoint=endpoint, env={**S3_TEST_ENV, "AWS_ENDPOINT_URL": endpoint})
-
-
-@contextmanager
-def _environment(values: dict[str, str]) -> Iterator[None]:
-    """``values`` in this process's environment while inside; what was there before after."""
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def published(store: Store) -> set[str]:

@@ -7,6 +7,7 @@ import shutil
 import tempfile
 from contextlib import contextmanager
 
+from tests.helpers.environment import environment
 from tests.helpers.paths import pythonpath_with_repo
 
 
@@ -17,19 +18,15 @@ def local_ray(num_cpus: int = 1):
     import ray
 
     tmp = tempfile.mkdtemp(prefix="lpx-ray-", dir="/tmp")  # short: Ray's socket paths stay < 108 bytes
-    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_USAGE_STATS_ENABLED")}
-    os.environ["PYTHONPATH"] = pythonpath_with_repo(saved["PYTHONPATH"])
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    env = {"PYTHONPATH": pythonpath_with_repo(os.environ.get("PYTHONPATH")),
+           "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
     try:
-        ray.init(num_cpus=num_cpus, include_dashboard=False, _temp_dir=tmp, namespace="tests",
-                 configure_logging=False)
-        yield ray
+        with environment(env):
+            try:
+                ray.init(num_cpus=num_cpus, include_dashboard=False, _temp_dir=tmp, namespace="tests",
+                         configure_logging=False)
+                yield ray
+            finally:
+                ray.shutdown()
     finally:
-        ray.shutdown()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
         shutil.rmtree(tmp, ignore_errors=True)

@@ -10,9 +10,11 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Literal
 
+from tests.helpers.environment import environment
 from tests.helpers.net import free_port
 from tests.helpers.paths import REPO
 
@@ -33,19 +35,13 @@ class _LocalS3:
     def __init__(self) -> None:
         self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
-        self._saved: dict[str, str | None] = {}
+        self._env = ExitStack()
 
     def _set_env(self, env: dict[str, str]) -> None:
-        for k, v in env.items():
-            self._saved[k] = os.environ.get(k)
-            os.environ[k] = v
+        self._env.enter_context(environment(env))
 
     def _restore_env(self) -> None:
-        for k, v in self._saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        self._env.close()
 
     def client(self):
         import boto3
