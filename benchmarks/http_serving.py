@@ -145,6 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--vllm-bench", action="store_true", help="also run vllm bench serve after each phase")
     ap.add_argument("--vllm-bench-key", action="append", default=[], metavar="[NAME=]KEY",
                     help="a key allowed every model, for vllm bench (one key per run)")
+    ap.add_argument("--one-key", action="store_true",
+                    help="with --vllm-bench: our phases send every request with vllm bench's key too, so both "
+                         "clients send the same requests (tenancy then treats them as one tenant's)")
     ap.add_argument("--workdir", default=None, help="logs of vllm bench and the stack (default: a temporary folder)")
     ap.add_argument("--json", default=None, help="write every record and aggregate here")
     ap.add_argument("--plot", default=None, help="write a PNG of TTFT p50 and tok/s per request by concurrency")
@@ -222,6 +225,8 @@ def sweep(args: argparse.Namespace, targets: list[TargetSpec], adapters: list[st
                          runs=[])
     pairs: list[tuple[LoadResult, VllmBenchResult]] = []
     for target in targets:
+        if args.one_key and bench_keys.get(target.name):
+            target = target.model_copy(update={"keys": None, "api_key": bench_keys[target.name]})
         vocab, special, folder = resolve_vocab(args, target)
         for conc in w["concurrency"]:
             spec = phase_spec(target, w, adapters, conc, args, vocab, special)

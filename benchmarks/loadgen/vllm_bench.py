@@ -36,9 +36,11 @@ def vllm_bench_plan(spec: LoadSpec, bench_key: str | None) -> tuple[list[str | N
     through --lora-modules (any model name, the base model's too). With per-tenant keys and no
     key allowed every model (``bench_key``), it covers the models of the first model's key."""
     models = spec.models()
-    if bench_key:
-        return models, bench_key, False, "one key allowed every model; ours sends each model its tenant's key"
     keys = [spec.target.key_for(m, i) for i, m in enumerate(models)]
+    if bench_key:
+        same = set(keys) == {bench_key}
+        return models, bench_key, False, ("the same key on both clients" if same else
+                                          "one key allowed every model; ours sends each model its tenant's key")
     if isinstance(spec.target.keys, list) or len(set(keys)) == 1:
         return models, keys[0], False, ""
     kept = [m for m, k in zip(models, keys) if k == keys[0]]
