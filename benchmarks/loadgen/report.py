@@ -69,7 +69,8 @@ def print_vllm_comparison(pairs: list[tuple[LoadResult, VllmBenchResult]]) -> No
         print(f"{'':22} {'':>4} {'vllm bench':12} {n:>4} {io:>10} {g['p50_ttft_ms']:>9} {g['p99_ttft_ms']:>8} "
               f"{g['p50_itl_ms']:>8} {g['p99_itl_ms']:>7} {g['p50_tpot_ms']:>9} {g['p50_e2el_ms']:>8} "
               f"{g['output_throughput']:>9}" + (f"  ({theirs.note})" if theirs.note else ""))
-    print("vllm bench: ITL is per chunk, TTFT at the first chunk with choices, TPOT = (e2e - TTFT) / (tokens - 1)")
+    print("vllm bench: ITL is per chunk with choices (empty-text chunks too), TTFT at the first chunk with "
+          "choices, TPOT = (e2e - TTFT) / (tokens - 1)")
 
 
 def write_plot(runs: list[LoadResult], path: Path) -> str:

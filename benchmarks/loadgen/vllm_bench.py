@@ -47,6 +47,15 @@ def vllm_bench_plan(spec: LoadSpec, bench_key: str | None) -> tuple[list[str | N
     return kept, keys[0], True, "the models of one key; compared with our run restricted to them"
 
 
+def extra_body(spec: LoadSpec) -> dict:
+    """Fields vllm bench adds to its requests (they override its own) so that the server does the
+    same work for both clients: ``min_tokens``, and per-chunk usage when our phase asks for it."""
+    body: dict = {"min_tokens": spec.output_len}
+    if spec.continuous_usage:
+        body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+    return body
+
+
 def vllm_bench_args(spec: LoadSpec, models: list[str], tokenizer: Path, result: Path) -> list[str]:
     """Arguments of ``vllm bench serve`` for the workload of ``spec`` on ``models``."""
     assignment = "round-robin" if spec.popularity == "round-robin" else "random"
@@ -57,7 +66,7 @@ def vllm_bench_args(spec: LoadSpec, models: list[str], tokenizer: Path, result: 
         "--num-prompts", str(spec.num_requests), "--max-concurrency", str(spec.concurrency),
         "--request-rate", "inf", "--num-warmups", str(spec.warmup_requests), "--seed", str(spec.seed),
         "--temperature", str(spec.temperature), "--ignore-eos",
-        "--extra-body", json.dumps({"min_tokens": spec.output_len}),
+        "--extra-body", json.dumps(extra_body(spec)),
         "--lora-modules", *models, "--lora-assignment", assignment,
         "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", ",".join(map(str, PERCENTILES)),
         "--ready-check-timeout-sec", "60", "--disable-tqdm",

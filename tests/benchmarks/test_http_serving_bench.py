@@ -4,13 +4,16 @@ consistent, the JSON report round-trips), and its token accounting on hand-made 
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from benchmarks.loadgen.client import run
 from benchmarks.loadgen.report import print_table, read_report, write_report
 from benchmarks.loadgen.spec import BenchReport, LoadSpec, RequestRecord, TargetSpec
 from benchmarks.loadgen.sse import StreamState, finish_record
-from benchmarks.loadgen.vllm_bench import vllm_bench_plan
+from benchmarks.loadgen.vllm_bench import vllm_bench_args, vllm_bench_plan
 from benchmarks.loadgen.workload import model_vocab
 
 BASE = "loraplex-base"
@@ -103,3 +106,17 @@ def test_vllm_bench_covers_one_key_unless_a_key_may_call_every_model():
     one_key = spec.model_copy(update={"target": target.model_copy(update={"keys": None, "api_key": "operator"})})
     assert vllm_bench_plan(one_key, "operator") == ([None, "a1", "g1", "a2"], "operator", False,
                                                     "the same key on both clients")
+
+
+def test_vllm_bench_asks_the_server_for_what_our_phase_asks():
+    target = TargetSpec(name="x", base_url="http://127.0.0.1:1", base_model=BASE, api_key="k")
+    spec = LoadSpec(target=target, adapters=["a1"], input_len=4, output_len=7, concurrency=2,
+                    num_requests=3, vocab_size=8)
+
+    def body(s: LoadSpec) -> dict:
+        argv = vllm_bench_args(s, [BASE, "a1"], Path("tok"), Path("out/r.json"))
+        return json.loads(argv[argv.index("--extra-body") + 1])
+
+    assert body(spec) == {"min_tokens": 7,
+                          "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    assert body(spec.model_copy(update={"continuous_usage": False})) == {"min_tokens": 7}
