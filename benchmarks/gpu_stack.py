@@ -144,6 +144,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="each measured phase's workers start spread over one request (worker k once the first "
                          "request has produced k/concurrency of its tokens) instead of together, so prompts arrive "
                          "spread, not in synchronized waves whose shape decides TTFT (benchmarks.loadgen.closed_loop)")
+    ap.add_argument("--vllm-bench", default=None, metavar="NAME,...",
+                    help="after these phases, on every HTTP system, vLLM's own client (vllm bench serve) runs the "
+                         "phase's workload against the same endpoint beside ours, both sending the same requests "
+                         "(benchmarks.gpu_stack_parts.cross_check): a cross-check of the load generator")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and its estimate only")
     return ap
 
@@ -241,6 +245,9 @@ def main(argv: list[str] | None = None) -> int:
                           cold_starts=args.cold_starts)
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
+    cross_checked = tuple(p for p in (args.vllm_bench or "").split(",") if p)
+    if missing := sorted(set(cross_checked) - {p.name for b in plan.blocks for p in b.phases}):
+        raise SystemExit(f"--vllm-bench: no phase {', '.join(missing)} in this run's plan")
     print(format_plan(plan), flush=True)
     if args.dry_run:
         return 0
@@ -270,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         ctx = Context(plan=plan, workdir=workdir, assets=assets, serve_config=workdir / "loraplex-h200.yaml",
                       serve_cfg=cfg, engine_args={}, store=store, keys=keys, adapters={}, vocab=vocab,
                       special=special, host=report.host, timeout_s=args.timeout,
-                      staggered_starts=args.staggered_starts)
+                      staggered_starts=args.staggered_starts, cross_check_phases=cross_checked)
         try:
             write_local_adapters(ctx)
             # loraplex's pushes run while its engine starts (runner.run_server_block): what they will
@@ -299,6 +306,8 @@ def main(argv: list[str] | None = None) -> int:
                 report.notes.append("engine settings of every system: " + ", ".join(f"{k}={v}" for k, v in args.engine_set))
             if args.staggered_starts:
                 report.notes.append("measured phases: workers started staggered over one request")
+            if cross_checked:
+                report.notes.append(f"vllm bench serve beside the load generator after {', '.join(cross_checked)}")
             if args.loraplex_topology:
                 ctx.serve_cfg["applications"][0]["args"]["topology"] = args.loraplex_topology
                 report.notes.append(f"loraplex topology: {args.loraplex_topology}")

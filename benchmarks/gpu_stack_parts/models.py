@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, computed_field
 
-from benchmarks.loadgen.spec import LoadResult
+from benchmarks.loadgen.spec import LoadResult, VllmBenchResult
 
 
 class PhaseResult(BaseModel):
@@ -80,6 +80,16 @@ class RouteCheck(BaseModel):
     error: str | None = Field(None, description="Why the check is missing.")
 
 
+class CrossCheck(BaseModel):
+    """``vllm bench serve`` beside our load generator on one phase's workload, both sending the
+    same requests (one key for every model, per-chunk usage asked by both)."""
+
+    phase: str = Field(description="The plan's phase whose workload both clients ran.")
+    ours: LoadResult = Field(description="Our generator's run of it with vllm bench's key (the phase itself "
+                                         "where the system has no keys).")
+    bench: VllmBenchResult = Field(description="vllm bench's run right after.")
+
+
 class SystemRun(BaseModel):
     """One system of the comparison: how it was started and what it measured."""
 
@@ -95,6 +105,8 @@ class SystemRun(BaseModel):
     phases: list[PhaseResult] = Field(default_factory=list)
     cold_starts: list[ColdStart] = Field(default_factory=list)
     route_check: RouteCheck | None = None
+    cross_checks: list[CrossCheck] = Field(default_factory=list,
+                                           description="vLLM's own client beside ours on phases named by --vllm-bench.")
     log: str | None = Field(None, description="Its log file.")
     error: str | None = Field(None, description="Why it did not run or stopped early.")
     first_start_error: str | None = Field(None, description="Why a first start failed, when it was started twice.")

@@ -15,7 +15,7 @@ from benchmarks.gpu_stack_parts.targets import (
     system_table,
     targets_table,
 )
-from benchmarks.loadgen.report import print_failures, print_table, write_plot
+from benchmarks.loadgen.report import print_failures, print_table, print_vllm_comparison, write_plot
 from benchmarks.loadgen.spec import LoadResult
 
 
@@ -42,6 +42,8 @@ def summary_text(report: StackReport, plan: Plan) -> str:
         if runs:
             print_table(runs)
             print_failures(runs)
+        if pairs := [(c.ours, c.bench) for s in report.systems for c in s.cross_checks]:
+            print_vllm_comparison(pairs)
         print()
         print("\n".join(system_table(report, plan)))
         print("\nloraplex over HTTP minus its engine alone:")

@@ -60,6 +60,8 @@ def publishable(report: StackReport) -> StackReport:
     for system in report.systems:
         for phase in system.phases:
             phase.result.records = []
+        for check in system.cross_checks:
+            check.ours.records = []
     return StackReport.model_validate_json(portable(report.model_dump_json(indent=1), host_paths(report)))
 
 

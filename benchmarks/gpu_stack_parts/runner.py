@@ -26,7 +26,8 @@ from typing import Any
 
 from benchmarks.gpu_stack_parts import systems
 from benchmarks.gpu_stack_parts.adapter_loads import load_steps
-from benchmarks.gpu_stack_parts.assets import ModelAssets, write_adapters
+from benchmarks.gpu_stack_parts.assets import OPERATOR, ModelAssets, write_adapters
+from benchmarks.gpu_stack_parts.cross_check import cross_check
 from benchmarks.gpu_stack_parts.engine_alone import EngineJob, JobPhase, sweep_record
 from benchmarks.gpu_stack_parts.models import (
     ColdStart,
@@ -80,6 +81,7 @@ class Context:
     host: dict[str, str]
     timeout_s: float
     staggered_starts: bool = False  # measured phases' workers start spread (benchmarks.loadgen.closed_loop)
+    cross_check_phases: tuple[str, ...] = ()  # phases that vllm bench also runs, on every HTTP system
     pushes: list[PushRecord] = field(default_factory=list)
     # loraplex's adapters pushed to the store: run while its engine starts (None once done)
     push_job: Callable[[Context], None] | None = None
@@ -221,6 +223,11 @@ def run_server_block(ctx: Context, block: SystemBlock,
             out.phases.append(http_phase(ctx, phase, target))
             _log_phase(block.system, out.phases[-1])
             on_progress(out)
+            if phase.name in ctx.cross_check_phases:
+                out.cross_checks.append(cross_check(phase.name, load_specs(ctx, phase, target)[1],
+                                                    out.phases[-1].result, ctx.keys.get(OPERATOR),
+                                                    ctx.assets.model_dir, ctx.workdir / "vllm-bench" / block.system))
+                on_progress(out)
         for k in range(block.cold_starts):
             out.cold_starts.append(cold_start(ctx, target, k, Path(out.log)))
             on_progress(out)

@@ -463,3 +463,37 @@ def test_a_committed_report_gets_its_paths_named_and_nothing_else(tmp_path):
     path.write_text(text)
     assert main(["--paths-only", str(path)]) == 0
     assert path.read_text() == text.replace("/venv/x/bin/python3", "python3").replace("/scratch/wd", "$GPU_STACK_WORKDIR")
+
+
+@pytest.mark.e2e
+def test_vllm_bench_beside_a_phase_sends_the_same_requests_with_one_key(serve_stack, embedded_model_dir, tmp_path,
+                                                                        monkeypatch, capsys):
+    """``--vllm-bench``'s cross-check on a target with per-tenant keys: our phase again with the
+    operator's key for every model, then vllm bench with that key on the same models; both
+    complete every request with the requested tokens, and the comparison table prints both."""
+    from benchmarks.gpu_stack_parts.cross_check import cross_check
+    from benchmarks.gpu_stack_parts.output import summary_text
+    from benchmarks.loadgen.client import run
+    from benchmarks.loadgen.workload import model_vocab
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+    vocab, special = model_vocab(embedded_model_dir)
+    acme, globex = serve_stack.keys["acme"], serve_stack.keys["globex"]
+    target = TargetSpec(name="loraplex", base_url=serve_stack.base_url, base_model="loraplex-base",
+                        keys={"loraplex-base": acme, "acme-support": acme, "globex-legal": globex})
+    spec = LoadSpec(target=target, adapters=["acme-support", "globex-legal"], include_base=True, input_len=8,
+                    output_len=4, concurrency=2, num_requests=6, warmup_requests=0, vocab_size=vocab,
+                    exclude_token_ids=special, seed=5)
+    measured = run(spec)
+    check = cross_check("c2", spec, measured, serve_stack.keys["operator"], embedded_model_dir, tmp_path / "bench")
+    assert check.ours is not measured and check.ours.system == "loraplex (one key)"
+    assert check.ours.aggregate.requests == 6 and check.ours.aggregate.failures == 0
+    assert check.bench.rc == 0, (tmp_path / "bench" / "vllm-bench-loraplex-c2.log").read_text()[-2000:]
+    assert check.bench.models == ["loraplex-base", "acme-support", "globex-legal"]
+    assert check.bench.note == "the same key on both clients"
+    assert check.bench.figures["completed"] == 6 and check.bench.figures["total_output_tokens"] == 6 * 4
+    report = StackReport(date="d", command="c", plan=build_plan("tiny", "embedded").model_dump(), estimate_s=0,
+                         host={}, systems=[{"system": "loraplex", "label": "l", "cross_checks": [check]}])
+    text = summary_text(report, build_plan("tiny", "embedded"))
+    assert "loraplex (one key)" in text and "vllm bench" in text
