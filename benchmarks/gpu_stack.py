@@ -147,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--vllm-bench", default=None, metavar="NAME,...",
                     help="after these phases, on every HTTP system, vLLM's own client (vllm bench serve) runs the "
                          "phase's workload against the same endpoint beside ours, both sending the same requests "
-                         "(benchmarks.gpu_stack_parts.cross_check): a cross-check of the load generator")
+                         "(benchmarks.loadgen.vllm_bench.beside): a cross-check of the load generator")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and its estimate only")
     return ap
 

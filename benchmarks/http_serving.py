@@ -73,7 +73,7 @@ from benchmarks.loadgen.spec import (
     TargetSpec,
     VllmBenchResult,
 )
-from benchmarks.loadgen.vllm_bench import run_vllm_bench, vllm_bench_plan
+from benchmarks.loadgen.vllm_bench import beside
 from benchmarks.loadgen.workload import model_vocab, server_model_dir
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -246,22 +246,18 @@ def sweep(args: argparse.Namespace, targets: list[TargetSpec], adapters: list[st
 
 def cross_check(spec: LoadSpec, ours: LoadResult, bench_key: str | None, folder: Path | None, workdir: Path,
                 report: BenchReport) -> tuple[LoadResult, VllmBenchResult]:
-    """vllm bench after our phase; when it covers fewer models, our run on those models too."""
+    """vllm bench after our phase (``benchmarks.loadgen.vllm_bench.beside``); a run of ours it
+    compares with other than the phase joins the report too."""
     if spec.endpoint != "completions" or folder is None:
         skipped = VllmBenchResult(system=spec.target.name, concurrency=spec.concurrency, models=[], assignment="",
                                   rc=-1, note="skipped: needs --endpoint completions and a tokenizer folder")
         report.vllm_bench.append(skipped)
         return ours, skipped
-    models, key, restricted, note = vllm_bench_plan(spec, bench_key)
-    if restricted:
-        ours = run(spec.model_copy(update={"include_base": None in models,
-                                           "adapters": [m for m in models if m is not None]}))
-        ours.system = f"{spec.target.name} (restricted)"
-        report.runs.append(ours)
-    print(f"{spec.target.name}: vllm bench serve at concurrency {spec.concurrency} ...", flush=True)
-    bench = run_vllm_bench(spec, models, key, folder, workdir, note)
+    compared, bench = beside(spec, ours, bench_key, folder, workdir)
+    if compared is not ours:
+        report.runs.append(compared)
     report.vllm_bench.append(bench)
-    return ours, bench
+    return compared, bench
 
 
 def main(argv: list[str] | None = None) -> int:

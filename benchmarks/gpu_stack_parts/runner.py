@@ -27,10 +27,10 @@ from typing import Any
 from benchmarks.gpu_stack_parts import systems
 from benchmarks.gpu_stack_parts.adapter_loads import load_steps
 from benchmarks.gpu_stack_parts.assets import OPERATOR, ModelAssets, write_adapters
-from benchmarks.gpu_stack_parts.cross_check import cross_check
 from benchmarks.gpu_stack_parts.engine_alone import EngineJob, JobPhase, sweep_record
 from benchmarks.gpu_stack_parts.models import (
     ColdStart,
+    CrossCheck,
     PhaseResult,
     PushRecord,
     ShapeSweep,
@@ -58,6 +58,7 @@ from benchmarks.gpu_stack_parts.routes import (
 )
 from benchmarks.loadgen.client import run
 from benchmarks.loadgen.spec import LoadResult, LoadSpec, TargetSpec
+from benchmarks.loadgen.vllm_bench import beside
 
 TEMPERATURE = 1.0
 ROUTE_TOKENS = 8
@@ -223,10 +224,11 @@ def run_server_block(ctx: Context, block: SystemBlock,
             out.phases.append(http_phase(ctx, phase, target))
             _log_phase(block.system, out.phases[-1])
             on_progress(out)
-            if phase.name in ctx.cross_check_phases:
-                out.cross_checks.append(cross_check(phase.name, load_specs(ctx, phase, target)[1],
-                                                    out.phases[-1].result, ctx.keys.get(OPERATOR),
-                                                    ctx.assets.model_dir, ctx.workdir / "vllm-bench" / block.system))
+            if phase.name in ctx.cross_check_phases:  # vLLM's client beside ours, the same requests
+                ours, bench = beside(load_specs(ctx, phase, target)[1], out.phases[-1].result,
+                                     ctx.keys.get(OPERATOR), ctx.assets.model_dir,
+                                     ctx.workdir / "vllm-bench" / block.system, same_key=True)
+                out.cross_checks.append(CrossCheck(phase=phase.name, ours=ours, bench=bench))
                 on_progress(out)
         for k in range(block.cold_starts):
             out.cold_starts.append(cold_start(ctx, target, k, Path(out.log)))

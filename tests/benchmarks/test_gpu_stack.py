@@ -468,12 +468,13 @@ def test_a_committed_report_gets_its_paths_named_and_nothing_else(tmp_path):
 @pytest.mark.e2e
 def test_vllm_bench_beside_a_phase_sends_the_same_requests_with_one_key(serve_stack, embedded_model_dir, tmp_path,
                                                                         monkeypatch, capsys):
-    """``--vllm-bench``'s cross-check on a target with per-tenant keys: our phase again with the
+    """``--vllm-bench``'s cross-check (``beside(..., same_key=True)``) on a target with per-tenant keys: our phase again with the
     operator's key for every model, then vllm bench with that key on the same models; both
     complete every request with the requested tokens, and the comparison table prints both."""
-    from benchmarks.gpu_stack_parts.cross_check import cross_check
+    from benchmarks.gpu_stack_parts.models import CrossCheck
     from benchmarks.gpu_stack_parts.output import summary_text
     from benchmarks.loadgen.client import run
+    from benchmarks.loadgen.vllm_bench import beside
     from benchmarks.loadgen.workload import model_vocab
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -486,7 +487,9 @@ def test_vllm_bench_beside_a_phase_sends_the_same_requests_with_one_key(serve_st
                     output_len=4, concurrency=2, num_requests=6, warmup_requests=0, vocab_size=vocab,
                     exclude_token_ids=special, seed=5)
     measured = run(spec)
-    check = cross_check("c2", spec, measured, serve_stack.keys["operator"], embedded_model_dir, tmp_path / "bench")
+    ours, bench = beside(spec, measured, serve_stack.keys["operator"], embedded_model_dir, tmp_path / "bench",
+                         same_key=True)
+    check = CrossCheck(phase="c2", ours=ours, bench=bench)
     assert check.ours is not measured and check.ours.system == "loraplex (one key)"
     assert check.ours.aggregate.requests == 6 and check.ours.aggregate.failures == 0
     assert check.bench.rc == 0, (tmp_path / "bench" / "vllm-bench-loraplex-c2.log").read_text()[-2000:]
