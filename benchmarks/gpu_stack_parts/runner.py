@@ -226,8 +226,9 @@ def run_server_block(ctx: Context, block: SystemBlock,
             on_progress(out)
             if phase.name in ctx.cross_check_phases:  # vLLM's client beside ours, the same requests
                 ours, bench = beside(load_specs(ctx, phase, target)[1], out.phases[-1].result,
-                                     ctx.keys.get(OPERATOR), ctx.assets.model_dir,
-                                     ctx.workdir / "vllm-bench" / block.system, same_key=True)
+                                     ctx.keys.get(OPERATOR) if target.keys else target.api_key,
+                                     ctx.assets.model_dir, ctx.workdir / "vllm-bench" / block.system,
+                                     same_key=True)
                 out.cross_checks.append(CrossCheck(phase=phase.name, ours=ours, bench=bench))
                 on_progress(out)
         for k in range(block.cold_starts):
