@@ -242,12 +242,10 @@ def main(argv: list[str] | None = None) -> int:
         plan = build_plan(args.plan or ("tiny" if args.model == "embedded" else "default"), args.model, systems,
                           route_check=not args.no_routing_check,
                           phases=[p for p in args.phases.split(",") if p] if args.phases else None,
-                          cold_starts=args.cold_starts)
+                          cold_starts=args.cold_starts,
+                          cross_checked=[p for p in (args.vllm_bench or "").split(",") if p])
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
-    cross_checked = tuple(p for p in (args.vllm_bench or "").split(",") if p)
-    if missing := sorted(set(cross_checked) - {p.name for b in plan.blocks for p in b.phases}):
-        raise SystemExit(f"--vllm-bench: no phase {', '.join(missing)} in this run's plan")
     print(format_plan(plan), flush=True)
     if args.dry_run:
         return 0
@@ -277,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         ctx = Context(plan=plan, workdir=workdir, assets=assets, serve_config=workdir / "loraplex-h200.yaml",
                       serve_cfg=cfg, engine_args={}, store=store, keys=keys, adapters={}, vocab=vocab,
                       special=special, host=report.host, timeout_s=args.timeout,
-                      staggered_starts=args.staggered_starts, cross_check_phases=cross_checked)
+                      staggered_starts=args.staggered_starts)
         try:
             write_local_adapters(ctx)
             # loraplex's pushes run while its engine starts (runner.run_server_block): what they will
@@ -306,8 +304,8 @@ def main(argv: list[str] | None = None) -> int:
                 report.notes.append("engine settings of every system: " + ", ".join(f"{k}={v}" for k, v in args.engine_set))
             if args.staggered_starts:
                 report.notes.append("measured phases: workers started staggered over one request")
-            if cross_checked:
-                report.notes.append(f"vllm bench serve beside the load generator after {', '.join(cross_checked)}")
+            if plan.cross_checked:
+                report.notes.append(f"vllm bench serve beside the load generator after {', '.join(plan.cross_checked)}")
             if args.loraplex_topology:
                 ctx.serve_cfg["applications"][0]["args"]["topology"] = args.loraplex_topology
                 report.notes.append(f"loraplex topology: {args.loraplex_topology}")

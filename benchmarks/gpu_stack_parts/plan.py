@@ -91,6 +91,8 @@ class Plan(BaseModel):
     blocks: list[SystemBlock]
     selected_phases: list[str] | None = Field(None, description="Only these of the plan's phases run (None: all).")
     cold_start_count: int | None = Field(None, description="Cold starts of loraplex instead of the plan's (None: the plan's).")
+    cross_checked: list[str] = Field(default_factory=list, description="Phases vllm bench also runs, beside ours, on "
+                                                                       "every HTTP system (--vllm-bench).")
 
     def families(self, systems: tuple[str, ...] | None = None) -> dict[int, int]:
         """Adapters needed per rank (by the blocks of ``systems``, default all)."""
@@ -127,12 +129,19 @@ def tenant_of(index: int) -> str:
     return f"tenant-{index % TENANTS + 1}"
 
 
+def http_phase_names(blocks: list[SystemBlock]) -> set[str]:
+    """Names of the phases some system of ``blocks`` serves over HTTP (all but the engine alone)."""
+    return {p.name for b in blocks if b.system != "engine-alone" for p in b.phases}
+
+
 def build_plan(name: str, model: str, systems: tuple[str, ...] = SYSTEMS, route_check: bool = True,
-               phases: list[str] | None = None, cold_starts: int | None = None) -> Plan:
+               phases: list[str] | None = None, cold_starts: int | None = None,
+               cross_checked: list[str] | None = None) -> Plan:
     """The plan ``name`` for ``model``, restricted to ``systems`` (in the plan's order); without
     ``route_check`` the engine alone skips the routing check (it depends on the weights only).
     ``phases``: only the phases of these names (a system left with no phase and no cold start is
-    not started); ``cold_starts``: loraplex's cold starts instead of the plan's."""
+    not started); ``cold_starts``: loraplex's cold starts instead of the plan's; ``cross_checked``:
+    phases after which vllm bench runs the same workload on every HTTP system."""
     if name not in PLANS:
         raise ValueError(f"unknown plan {name!r}; choose from {', '.join(PLANS)}")
     if (name == "tiny") != (model == "embedded"):
@@ -169,14 +178,19 @@ def build_plan(name: str, model: str, systems: tuple[str, ...] = SYSTEMS, route_
                              f"choose among {', '.join(dict.fromkeys(known))}")
         blocks = [b.model_copy(update={"phases": [p for p in b.phases if p.name in phases]}) for b in blocks]
         blocks = [b for b in blocks if b.phases or b.cold_starts]
-    return Plan(name=name, model=model, workload=w, blocks=blocks, selected_phases=phases, cold_start_count=cold_starts)
+    if unknown := [n for n in cross_checked or [] if n not in http_phase_names(blocks)]:
+        raise ValueError(f"--vllm-bench: no phase {', '.join(unknown)} over HTTP in this run's plan")
+    return Plan(name=name, model=model, workload=w, blocks=blocks, selected_phases=phases, cold_start_count=cold_starts,
+                cross_checked=list(cross_checked or []))
 
 
 def rebuild_plan(plan: dict, systems: tuple[str, ...]) -> Plan:
     """The plan a report's ``plan`` was built as (its phase selection and cold starts kept),
     restricted to ``systems``."""
-    return build_plan(plan["name"], plan["model"], systems, phases=plan.get("selected_phases"),
-                      cold_starts=plan.get("cold_start_count"))
+    built = build_plan(plan["name"], plan["model"], systems, phases=plan.get("selected_phases"),
+                       cold_starts=plan.get("cold_start_count"))
+    http = http_phase_names(built.blocks)
+    return built.model_copy(update={"cross_checked": [n for n in plan.get("cross_checked") or [] if n in http]})
 
 
 # ---- the estimate --------------------------------------------------------------------------
@@ -197,6 +211,7 @@ class Profile(BaseModel):
                                               "a time's worth of bytes whatever the number of pushes at once.")
     push_workers: int = Field(description="Pushes run at once.")
     cold_start_s: float = Field(description="One cold start: its two requests (the push counted apart).")
+    vllm_bench_s: float = Field(description="One vllm bench process's start and ready check (its requests apart).")
 
 
 PROFILES = {
@@ -204,10 +219,12 @@ PROFILES = {
     # max_num_seqs 128 take ~110 s of an engine's ~190 s init); pushes: 11 GiB in 210 s
     "gpu": Profile(start_s={"vllm-base": 180, "vllm-lora": 190, "ray-llm": 15, "loraplex": 240, "engine-alone": 200},
                    stop_s=10, route_check_s=120, decode_step_ms=11, lora_step_ms=17, prefill_tok_s=40000,
-                   model_s=20, write_s_per_gib=2.0, push_s=4, push_s_per_gib=17, push_workers=4, cold_start_s=20),
+                   model_s=20, write_s_per_gib=2.0, push_s=4, push_s_per_gib=17, push_workers=4, cold_start_s=20,
+                   vllm_bench_s=30),
     "cpu": Profile(start_s={"vllm-base": 60, "vllm-lora": 60, "ray-llm": 90, "loraplex": 120, "engine-alone": 50},
                    stop_s=15, route_check_s=50, decode_step_ms=40, lora_step_ms=60, prefill_tok_s=1500,
-                   model_s=40, write_s_per_gib=20, push_s=12, push_s_per_gib=20, push_workers=1, cold_start_s=15),
+                   model_s=40, write_s_per_gib=20, push_s=12, push_s_per_gib=20, push_workers=1, cold_start_s=15,
+                   vllm_bench_s=15),
 }
 
 
@@ -221,13 +238,13 @@ def adapter_bytes(rank: int, expert_lora: bool = True, config: dict = GPT_OSS_20
     return 2 * rank * layers * (attn + experts)
 
 
-def phase_s(p: PhaseSpec, prof: Profile) -> float:
+def phase_s(p: PhaseSpec, prof: Profile, warmup: bool = True) -> float:
     step = (prof.lora_step_ms if p.adapters else prof.decode_step_ms) / 1000
 
     def waves(n: int, out: int) -> float:
         return math.ceil(n / p.concurrency) * (p.concurrency * p.input_len / prof.prefill_tok_s + out * step)
 
-    return waves(p.warmup, WARMUP_TOKENS) + waves(p.requests, p.output_len)
+    return (waves(p.warmup, WARMUP_TOKENS) if warmup else 0.0) + waves(p.requests, p.output_len)
 
 
 def estimate(plan: Plan) -> list[tuple[str, float]]:
@@ -253,6 +270,11 @@ def estimate(plan: Plan) -> list[tuple[str, float]]:
         s += b.cold_starts * (prof.cold_start_s + prof.push_s + gib[plan.workload.rank] * (
             prof.write_s_per_gib + prof.push_s_per_gib))
         steps.append((b.system, s))
+        # vllm bench's run of each cross-checked phase; on loraplex our phase once more with one key first
+        if checked := [p for p in b.phases if p.name in plan.cross_checked and b.system != "engine-alone"]:
+            runs = 2 if b.system == "loraplex" else 1
+            steps.append((f"{b.system} beside vllm bench",
+                          sum(runs * phase_s(p, prof, warmup=False) + prof.vllm_bench_s for p in checked)))
         if b.route_check:
             steps.append((f"{b.system} routing check", prof.route_check_s))
     return steps

@@ -82,7 +82,6 @@ class Context:
     host: dict[str, str]
     timeout_s: float
     staggered_starts: bool = False  # measured phases' workers start spread (benchmarks.loadgen.closed_loop)
-    cross_check_phases: tuple[str, ...] = ()  # phases that vllm bench also runs, on every HTTP system
     pushes: list[PushRecord] = field(default_factory=list)
     # loraplex's adapters pushed to the store: run while its engine starts (None once done)
     push_job: Callable[[Context], None] | None = None
@@ -224,7 +223,7 @@ def run_server_block(ctx: Context, block: SystemBlock,
             out.phases.append(http_phase(ctx, phase, target))
             _log_phase(block.system, out.phases[-1])
             on_progress(out)
-            if phase.name in ctx.cross_check_phases:  # vLLM's client beside ours, the same requests
+            if phase.name in ctx.plan.cross_checked:  # vLLM's client beside ours, the same requests
                 ours, bench = beside(load_specs(ctx, phase, target)[1], out.phases[-1].result,
                                      ctx.keys.get(OPERATOR) if target.keys else target.api_key,
                                      ctx.assets.model_dir, ctx.workdir / "vllm-bench" / block.system,

@@ -82,6 +82,22 @@ def test_a_phase_selection_runs_only_those_phases_and_is_rebuilt_from_the_report
         build_plan("full", "gptoss", phases=["ws65"])
 
 
+def test_cross_checked_phases_are_http_phases_kept_in_the_plan_and_estimated():
+    plan = build_plan("default", "gptoss-mxfp4", ("vllm-base", "loraplex", "engine-alone"), phases=["c16"],
+                      cross_checked=["c16"])
+    assert plan.cross_checked == ["c16"]
+    steps = dict(estimate(plan))
+    # loraplex runs the phase once more with one key, then vllm bench; a stock server vllm bench only
+    assert steps["loraplex beside vllm bench"] > steps["vllm-base beside vllm bench"] > 0
+    assert "engine-alone beside vllm bench" not in steps
+    assert rebuild_plan(plan.model_dump(), ("vllm-base", "loraplex", "engine-alone")) == plan
+    assert rebuild_plan(plan.model_dump(), ("engine-alone",)).cross_checked == []  # no HTTP system left
+    with pytest.raises(ValueError, match="c16"):
+        build_plan("default", "gptoss-mxfp4", ("engine-alone",), cross_checked=["c16"])
+    with pytest.raises(ValueError, match="c17"):
+        build_plan("default", "gptoss-mxfp4", cross_checked=["c17"])
+
+
 def test_runs_of_other_phase_selections_do_not_merge():
     from benchmarks.gpu_stack import merge_reports
 
