@@ -18,7 +18,9 @@ engine alone read the same files from their folders.
 Extra measurements on loraplex: the working set larger than its slots (round-robin and Zipf),
 and cold starts (a fresh adapter pushed while it runs, then the TTFT of its first request and of
 the next); on the engine alone, the routing check (distinct experts per MoE layer per decode
-step, hooks on the routers of an eager engine of the same settings).
+step, hooks on the routers of an eager engine of the same settings). With ``--vllm-bench
+PHASE,...``, vLLM's own client runs each named phase's workload against every HTTP system right
+after ours, both sending the same requests: a cross-check of the load generator.
 
 Output (``--out``, default the work folder): ``gpu_stack.json`` (every record, the commands,
 versions, start times), ``gpu_stack_table.md`` (the tables, as printed) and ``gpu_stack.png``
