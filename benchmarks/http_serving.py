@@ -226,7 +226,7 @@ def sweep(args: argparse.Namespace, targets: list[TargetSpec], adapters: list[st
     pairs: list[tuple[LoadResult, VllmBenchResult]] = []
     for target in targets:
         if args.one_key and bench_keys.get(target.name):
-            target = target.model_copy(update={"keys": None, "api_key": bench_keys[target.name]})
+            target = target.with_one_key(bench_keys[target.name])
         vocab, special, folder = resolve_vocab(args, target)
         for conc in w["concurrency"]:
             spec = phase_spec(target, w, adapters, conc, args, vocab, special)
@@ -253,7 +253,7 @@ def cross_check(spec: LoadSpec, ours: LoadResult, bench_key: str | None, folder:
                                   rc=-1, note="skipped: needs --endpoint completions and a tokenizer folder")
         report.vllm_bench.append(skipped)
         return ours, skipped
-    compared, bench = beside(spec, ours, bench_key, folder, workdir)
+    compared, bench = beside(ours, bench_key, folder, workdir)
     if compared is not ours:
         report.runs.append(compared)
     report.vllm_bench.append(bench)

@@ -224,10 +224,9 @@ def run_server_block(ctx: Context, block: SystemBlock,
             _log_phase(block.system, out.phases[-1])
             on_progress(out)
             if phase.name in ctx.plan.cross_checked:  # vLLM's client beside ours, the same requests
-                ours, bench = beside(load_specs(ctx, phase, target)[1], out.phases[-1].result,
-                                     ctx.keys.get(OPERATOR) if target.keys else target.api_key,
-                                     ctx.assets.model_dir, ctx.workdir / "vllm-bench" / block.system,
-                                     same_key=True)
+                key = ctx.keys.get(OPERATOR) if target.keys else target.api_key
+                ours, bench = beside(out.phases[-1].result, key, ctx.assets.model_dir,
+                                     ctx.workdir / "vllm-bench" / block.system, same_key=True)
                 out.cross_checks.append(CrossCheck(phase=phase.name, ours=ours, bench=bench))
                 on_progress(out)
         for k in range(block.cold_starts):

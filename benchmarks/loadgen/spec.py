@@ -38,6 +38,10 @@ class TargetSpec(BaseModel):
             return self.keys[index % len(self.keys)]
         return self.api_key
 
+    def with_one_key(self, key: str) -> TargetSpec:
+        """This target with ``key`` on every request (its per-tenant keys dropped)."""
+        return self.model_copy(update={"keys": None, "api_key": key})
+
 
 class LoadSpec(BaseModel):
     """One closed-loop phase: a target, a workload and a concurrency."""

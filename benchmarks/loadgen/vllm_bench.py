@@ -97,16 +97,16 @@ def run_vllm_bench(spec: LoadSpec, models: list[str | None], key: str | None, to
     return bench
 
 
-def beside(spec: LoadSpec, measured: LoadResult, bench_key: str | None, tokenizer: Path, workdir: Path,
+def beside(measured: LoadResult, bench_key: str | None, tokenizer: Path, workdir: Path,
            same_key: bool = False) -> tuple[LoadResult, VllmBenchResult]:
-    """vllm bench right after our phase of ``spec`` (``measured``), and the run of ours it compares
-    with. ``bench_key``: a key allowed every model, for vllm bench. With ``same_key`` and per-tenant
+    """vllm bench right after our phase ``measured`` (its workload: ``measured.spec``), and the run
+    of ours it compares with. ``bench_key``: a key allowed every model, for vllm bench. With ``same_key`` and per-tenant
     keys our phase runs again with ``bench_key`` for every model, so both clients send the same
     requests (the fair share orders requests by tenant). Without a bench key, per-tenant keys
     leave vllm bench the models of one key, and our phase runs again on those."""
-    ours = measured
+    ours, spec = measured, measured.spec
     if same_key and bench_key and spec.target.keys:
-        spec = spec.model_copy(update={"target": spec.target.model_copy(update={"keys": None, "api_key": bench_key})})
+        spec = spec.model_copy(update={"target": spec.target.with_one_key(bench_key)})
         print(f"{spec.target.name}: the phase again with one key for every model, for vllm bench", flush=True)
         ours = run(spec)
         ours.system = f"{spec.target.name} (one key)"

@@ -503,7 +503,7 @@ def test_vllm_bench_beside_a_phase_sends_the_same_requests_with_one_key(serve_st
                     output_len=4, concurrency=2, num_requests=6, warmup_requests=0, vocab_size=vocab,
                     exclude_token_ids=special, seed=5)
     measured = run(spec)
-    ours, bench = beside(spec, measured, serve_stack.keys["operator"], embedded_model_dir, tmp_path / "bench",
+    ours, bench = beside(measured, serve_stack.keys["operator"], embedded_model_dir, tmp_path / "bench",
                          same_key=True)
     check = CrossCheck(phase="c2", ours=ours, bench=bench)
     assert check.ours is not measured and check.ours.system == "loraplex (one key)"

@@ -103,7 +103,7 @@ def test_vllm_bench_covers_one_key_unless_a_key_may_call_every_model():
     assert vllm_bench_plan(spec, None)[:3] == ([None, "a1", "a2"], "ka", True)
     assert vllm_bench_plan(spec, "operator")[:3] == ([None, "a1", "g1", "a2"], "operator", False)
     assert "tenant's key" in vllm_bench_plan(spec, "operator")[3]
-    one_key = spec.model_copy(update={"target": target.model_copy(update={"keys": None, "api_key": "operator"})})
+    one_key = spec.model_copy(update={"target": target.with_one_key("operator")})
     assert vllm_bench_plan(one_key, "operator") == ([None, "a1", "g1", "a2"], "operator", False,
                                                     "the same key on both clients")
 
